@@ -1,0 +1,419 @@
+"""ConversationActor: the I/O shell around the pure turn logic in ``turn.py``.
+
+One actor per live conversation. It owns its LiteConversation (kept across turns so an embedded
+engine keeps its KV cache) and runs one turn at a time from its bounded mailbox. ``interrupt`` is
+not queued behind turns: the handle cancels the running turn's scope directly, and the shielded
+cleanup stores what the user already saw.
+
+The ``ConversationHandle`` outlives actor incarnations: the supervisor restarts a crashed actor
+with the same handle, so the mailbox and its queued turns survive a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, assert_never
+
+import trio
+
+from agentik.actors import turn as logic
+from agentik.actors.messages import MailboxMessage, Stop, Turn
+from agentik.errors import (
+    AgentikError,
+    ConversationFailedError,
+    LlmError,
+    MailboxFullError,
+    NotFoundError,
+    RuntimeClosedError,
+    StorageError,
+    ToolError,
+)
+from agentik.llm.base import LiteConversation
+from agentik.storage import ops
+from agentik.storage.queries import working_memory
+from agentik.wire import (
+    Content,
+    End,
+    Error,
+    MessageContext,
+    MessageRecord,
+    OnlineEvent,
+    ToolCall,
+    ToolCallSpec,
+    ToolItem,
+    ToolResult,
+    UserItem,
+    UserMessage,
+    Working,
+)
+
+if TYPE_CHECKING:
+    from agentik.actors.runtime import Deps
+
+log = logging.getLogger(__name__)
+
+#: characters of a tool result kept for the model and the journal
+TOOL_RESULT_CAP = 64 * 1024
+
+
+class _Retry(Exception):
+    """The handle was passivated between lookup and send: look it up again."""
+
+
+@dataclass(eq=False)
+class ConversationHandle:
+    """What the registry hands out for a live conversation."""
+
+    conversation_id: str
+    deps: Deps
+    mailbox: trio.MemorySendChannel[MailboxMessage]
+    inbox: trio.MemoryReceiveChannel[MailboxMessage]
+    closed: bool = False
+    failed: bool = False
+    current: Turn | None = None
+    turn_scope: trio.CancelScope | None = None
+    interrupt_requested: bool = False
+    actor_scope: trio.CancelScope | None = None
+    exited: trio.Event = field(default_factory=trio.Event)
+    crashes: deque[float] = field(default_factory=deque)
+
+    async def submit(self, content: Sequence[Content], context: MessageContext | None) -> MessageRecord:
+        """Queue a turn and store its user message. Returns the stored record once durable.
+
+        Raises MailboxFullError, ConversationFailedError, NotFoundError (deleted meanwhile),
+        StorageError; _Retry if this handle was just passivated.
+        """
+        if self.failed:
+            raise ConversationFailedError(
+                f"conversation {self.conversation_id!r} crashed too often and takes no more turns"
+            )
+        turn = Turn(turn_id=uuid.uuid4().hex, content=tuple(content), context=context)
+        try:
+            self.mailbox.send_nowait(turn)
+        except trio.WouldBlock:
+            raise MailboxFullError(
+                f"conversation {self.conversation_id!r} already has "
+                f"{self.deps.config.mailbox_size} turns queued",
+                retry_after=1.0,
+            ) from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise _Retry() from None
+        ok = False
+        try:
+            # Shielded: once queued, the store must finish and settle the turn, or the actor
+            # would wait on it and the turn row would dangle.
+            with trio.CancelScope(shield=True):
+                record: MessageRecord = await self.deps.storage.write(
+                    ops.AppendUserMessage(
+                        conversation_id=self.conversation_id,
+                        message_id=turn.turn_id,
+                        message=UserMessage(content=list(content), context=context),
+                        now=time.time(),
+                    )
+                )
+            ok = True
+            return record
+        finally:
+            turn.settle(ok)
+
+    def interrupt(self) -> bool:
+        """Cancel the running turn, if any. Returns whether a turn was running."""
+        if self.turn_scope is None:
+            return False
+        self.interrupt_requested = True
+        self.turn_scope.cancel()
+        return True
+
+    def queued(self) -> int:
+        return self.mailbox.statistics().current_buffer_used
+
+
+class ConversationActor:
+    """One incarnation; the supervisor makes a new one after a crash."""
+
+    def __init__(self, handle: ConversationHandle) -> None:
+        self.h = handle
+        self.deps = handle.deps
+        self.llm_conv: LiteConversation | None = None
+
+    def online(self, event: OnlineEvent) -> None:
+        self.deps.storage.hub.publish_online(self.h.conversation_id, event)
+
+    async def run(self) -> None:
+        """Serve turns until passivated (idle) or stopped. Raises on a bug (the supervisor
+        restarts); cancellation propagates."""
+        try:
+            while True:
+                with trio.move_on_after(self.deps.config.idle_timeout) as idle:
+                    msg = await self.h.inbox.receive()
+                if idle.cancelled_caught:
+                    if self.deps.passivate(self.h):
+                        return
+                    continue
+                match msg:
+                    case Turn():
+                        await self.run_turn(msg)
+                    case Stop():
+                        return
+                    case _:
+                        assert_never(msg)
+        finally:
+            await self.close_llm()
+
+    async def close_llm(self) -> None:
+        conv, self.llm_conv = self.llm_conv, None
+        if conv is not None:
+            with trio.CancelScope(shield=True):
+                try:
+                    await conv.close()
+                except Exception:
+                    log.exception("closing the LLM session of %s failed", self.h.conversation_id)
+
+    async def run_turn(self, turn: Turn) -> None:
+        await turn.stored.wait()
+        if not turn.store_ok:
+            return
+        state = logic.TurnState(turn_id=turn.turn_id)
+        h = self.h
+        h.current = turn
+        h.interrupt_requested = False
+        crashed = False
+        try:
+            with trio.CancelScope() as scope:
+                h.turn_scope = scope
+                try:
+                    await self._turn_body(turn, state)
+                except LlmError as exc:
+                    await self._fail_turn(turn, state, exc.code, str(exc))
+            if scope.cancelled_caught:
+                await self._end_cancelled(turn, state, interrupted=True)
+        except trio.Cancelled:
+            # Not an interrupt: the runtime is shutting down or the conversation is being
+            # deleted. Close the turn with a terminal record before going.
+            await self._end_cancelled(turn, state, interrupted=h.interrupt_requested)
+            raise
+        except Exception:
+            crashed = True
+            raise
+        finally:
+            h.turn_scope = None
+            if not crashed:
+                # After a bug `current` stays set, so the supervisor closes it with an Error.
+                h.current = None
+
+    async def _turn_body(self, turn: Turn, state: logic.TurnState) -> None:
+        cid = self.h.conversation_id
+        deps = self.deps
+        self.online(Working(turn_id=turn.turn_id))
+        if self.llm_conv is None:
+            history = [item for _, item in await deps.storage.reader.run(working_memory, cid)]
+            self.llm_conv = await deps.llm.open(history, list(deps.tools.specs()))
+        await deps.storage.write(
+            ops.StartTurn(conversation_id=cid, turn_id=turn.turn_id,
+                          item=UserItem(content=list(turn.content)), now=time.time())
+        )
+        content: Sequence[Content] | None = turn.content
+        while True:
+            logic.new_round(state)
+            async for delta in self.llm_conv.send_stream(content):
+                for event in logic.apply_delta(state, delta):
+                    self.online(event)
+            content = None
+            calls = logic.round_tool_calls(state)
+            if not calls:
+                break
+            if state.rounds > deps.config.max_tool_rounds:
+                await self._fail_turn(
+                    turn, state, "tool_rounds",
+                    f"the model asked for tools more than {deps.config.max_tool_rounds} times "
+                    "in one turn",
+                )
+                return
+            await deps.storage.write(
+                ops.AppendToolCalls(
+                    conversation_id=cid,
+                    calls=tuple(
+                        (uuid.uuid4().hex,
+                         ToolCall(call_id=c.call_id, name=c.name, arguments=c.arguments,
+                                  turn_id=turn.turn_id))
+                        for c in calls
+                    ),
+                    item=logic.round_item(state, calls),
+                    now=time.time(),
+                )
+            )
+            for call in calls:
+                result = await self._run_tool(call, turn.turn_id)
+                self.llm_conv.add_tool_result(call.call_id, call.name, result.content)
+                await deps.storage.write(
+                    ops.AppendToolResult(
+                        conversation_id=cid, message_id=uuid.uuid4().hex, result=result,
+                        item=ToolItem(call_id=call.call_id, name=call.name, content=result.content),
+                        now=time.time(),
+                    )
+                )
+        answer = logic.final_message(state)
+        assert answer is not None
+        # Shielded: an interrupt landing now must not store a second, "interrupted" ending for a
+        # turn whose answer is already being committed.
+        with trio.CancelScope(shield=True):
+            await deps.storage.write(
+                ops.FinishTurn(conversation_id=cid, turn_id=turn.turn_id,
+                               assistant=(uuid.uuid4().hex, answer),
+                               item=logic.final_item(state), now=time.time())
+            )
+            self.online(End(turn_id=turn.turn_id))
+
+    async def _run_tool(self, call: ToolCallSpec, turn_id: str) -> ToolResult:
+        """Run one tool call; every failure becomes an error result (ToolFailed), never an
+        exception, so the turn goes on and the model hears what went wrong."""
+
+        def failed(message: str) -> ToolResult:
+            return ToolResult(call_id=call.call_id, name=call.name, content=message,
+                              is_error=True, turn_id=turn_id)
+
+        known = {spec.name for spec in self.deps.tools.specs()}
+        if call.name not in known:
+            return failed(f"unknown tool {call.name!r}")
+        try:
+            arguments = logic.parse_arguments(call.arguments)
+        except logic.BadArguments as exc:
+            return failed(str(exc))
+        timeout = self.deps.config.tool_timeout
+        try:
+            with trio.fail_after(timeout):
+                outcome = await self.deps.tools.call(call.name, arguments)
+        except trio.TooSlowError:
+            return failed(f"tool {call.name!r} timed out after {timeout:g} s")
+        except ToolError as exc:
+            return failed(str(exc))
+        return ToolResult(
+            call_id=call.call_id, name=call.name,
+            content=logic.cap_text(outcome.content, TOOL_RESULT_CAP),
+            is_error=outcome.is_error, structured=outcome.structured, turn_id=turn_id,
+        )
+
+    async def _fail_turn(self, turn: Turn, state: logic.TurnState, code: str, message: str) -> None:
+        """A failed turn: keep what the user saw, journal the Error, End; the LLM session is
+        rebuilt from working memory on the next turn."""
+        await self.close_llm()
+        partial = logic.final_message(state, interrupted=True)
+        text_item = logic.final_item(state) if partial is not None else None
+        with trio.CancelScope(shield=True):
+            await self._finish_safely(
+                ops.FinishTurn(
+                    conversation_id=self.h.conversation_id, turn_id=turn.turn_id,
+                    assistant=(uuid.uuid4().hex, partial) if partial is not None else None,
+                    item=text_item if text_item is not None and text_item.content else None,
+                    error=(uuid.uuid4().hex, Error(message=message, code=code, turn_id=turn.turn_id)),
+                    now=time.time(),
+                )
+            )
+            self.online(End(turn_id=turn.turn_id))
+
+    async def _end_cancelled(self, turn: Turn, state: logic.TurnState, *, interrupted: bool) -> None:
+        await self.close_llm()  # a cancelled session may be mid-answer: never reuse it
+        partial = logic.final_message(state, interrupted=True)
+        text_item = logic.final_item(state)
+        error = None
+        if not interrupted:
+            error = (uuid.uuid4().hex,
+                     Error(message="turn cancelled: the server is shutting down or the "
+                           "conversation was closed", code="cancelled", turn_id=turn.turn_id))
+        with trio.CancelScope(shield=True):
+            await self._finish_safely(
+                ops.FinishTurn(
+                    conversation_id=self.h.conversation_id, turn_id=turn.turn_id,
+                    assistant=(uuid.uuid4().hex, partial) if partial is not None else None,
+                    item=text_item if partial is not None and text_item.content else None,
+                    interrupted=interrupted, error=error, now=time.time(),
+                )
+            )
+            self.online(End(turn_id=turn.turn_id))
+
+    async def _finish_safely(self, op: ops.FinishTurn) -> None:
+        try:
+            await self.deps.storage.write(op)
+        except NotFoundError:
+            pass  # deleted meanwhile: nothing left to close
+        except (StorageError, RuntimeClosedError) as exc:
+            # The turn row stays open; the next start-up closes it with an Error record.
+            log.error("could not store the end of turn %s: %s", op.turn_id, exc)
+
+
+async def supervise(
+    handle: ConversationHandle, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run the conversation's actor, restarting it after a crash (an unexpected exception) with
+    the same mailbox; a crash ends the running turn with an Error record. More than
+    ``restart_limit`` crashes within ``restart_period`` seconds mark the conversation failed: its
+    queued turns get an Error and later sends raise ConversationFailedError. Cancellation is never
+    swallowed. Never raises anything but Cancelled."""
+    deps = handle.deps
+    cfg = deps.config
+    try:
+        with trio.CancelScope() as scope:
+            handle.actor_scope = scope
+            task_status.started()
+            while True:
+                actor = ConversationActor(handle)
+                try:
+                    await actor.run()
+                    return
+                except Exception as exc:
+                    log.exception("conversation %s crashed", handle.conversation_id)
+                    turn = handle.current
+                    handle.current = None
+                    handle.turn_scope = None
+                    if turn is not None:
+                        await _record_crash(actor, turn, exc)
+                    now = time.monotonic()
+                    handle.crashes.append(now)
+                    while handle.crashes and handle.crashes[0] < now - cfg.restart_period:
+                        handle.crashes.popleft()
+                    if len(handle.crashes) > cfg.restart_limit:
+                        log.error("conversation %s failed: %d crashes in %g s",
+                                  handle.conversation_id, len(handle.crashes), cfg.restart_period)
+                        handle.failed = True
+                        await _fail_queued(handle)
+                        return
+    finally:
+        deps.forget(handle)
+        handle.exited.set()
+
+
+async def _record_crash(actor: ConversationActor, turn: Turn, exc: BaseException) -> None:
+    with trio.CancelScope(shield=True):
+        await actor._finish_safely(
+            ops.FinishTurn(
+                conversation_id=actor.h.conversation_id, turn_id=turn.turn_id,
+                error=(uuid.uuid4().hex,
+                       Error(message=f"internal error: {type(exc).__name__}: {exc}",
+                             code="crash", turn_id=turn.turn_id)),
+                now=time.time(),
+            )
+        )
+        actor.online(End(turn_id=turn.turn_id))
+
+
+async def _fail_queued(handle: ConversationHandle) -> None:
+    handle.mailbox.close()
+    async with handle.inbox:
+        while True:
+            try:
+                msg = handle.inbox.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return
+            if isinstance(msg, Turn):
+                await msg.stored.wait()
+                if msg.store_ok:
+                    actor = ConversationActor(handle)
+                    await _record_crash(actor, msg, ConversationFailedError("conversation failed"))
+
+
+__all__ = ["AgentikError", "ConversationActor", "ConversationHandle", "_Retry", "supervise"]

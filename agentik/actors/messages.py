@@ -1,0 +1,35 @@
+"""Messages a conversation actor takes from its mailbox: a closed union, dispatched with ``match``.
+
+``Turn`` is queued by ``send`` *before* the user message is stored, so the mailbox slot doubles as
+the reservation that makes "mailbox full" (429) exact: a message is only stored when it is certain
+to run. The actor waits for ``stored`` before it starts the turn and skips it if the store failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+from agentik.wire import Content, MessageContext
+
+
+@dataclass(eq=False)
+class Turn:
+    turn_id: str  # the user message's id
+    content: tuple[Content, ...]
+    context: MessageContext | None
+    stored: trio.Event = field(default_factory=trio.Event)
+    store_ok: bool = False
+
+    def settle(self, ok: bool) -> None:
+        self.store_ok = ok
+        self.stored.set()
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Finish the current turn, then exit (graceful passivation or deletion)."""
+
+
+MailboxMessage = Turn | Stop

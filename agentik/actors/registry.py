@@ -1,0 +1,105 @@
+"""RegistryActor: owns the map conversation id -> live ConversationHandle.
+
+It creates conversations, cold-loads them from storage on demand, and forgets them when they are
+passivated, deleted or failed. All its state changes happen between awaits of the one trio thread,
+so "look up, else start" is atomic; a per-id loading event makes concurrent cold loads of the same
+id share one actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from agentik.actors.conversation import ConversationHandle, supervise
+from agentik.actors.messages import MailboxMessage
+from agentik.storage import ops
+from agentik.storage.queries import get_conversation
+from agentik.wire import ConversationRecord
+
+if TYPE_CHECKING:
+    from agentik.actors.runtime import Deps
+
+log = logging.getLogger(__name__)
+
+
+class Registry:
+    def __init__(self, deps: Deps, nursery: trio.Nursery) -> None:
+        self.deps = deps
+        self.nursery = nursery
+        self.live: dict[str, ConversationHandle] = {}
+        self._loading: dict[str, trio.Event] = {}
+        deps.passivate = self.passivate
+        deps.forget = self.forget
+
+    async def _start(self, conversation_id: str) -> ConversationHandle:
+        send, recv = trio.open_memory_channel[MailboxMessage](self.deps.config.mailbox_size)
+        handle = ConversationHandle(conversation_id, self.deps, send, recv)
+        self.live[conversation_id] = handle
+        await self.nursery.start(partial(supervise, handle))
+        return handle
+
+    async def create(self, *, temp: bool, title: str | None = None) -> ConversationRecord:
+        """Store a new conversation (with its system prompt, atomically) and start its actor.
+        Raises StorageError."""
+        conversation_id = uuid.uuid4().hex
+        record: ConversationRecord = await self.deps.storage.write(
+            ops.CreateConversation(
+                conversation_id=conversation_id, title=title, is_temporal=temp, now=time.time(),
+                system_prompt=self.deps.config.system_prompt,
+            )
+        )
+        await self._start(conversation_id)
+        return record
+
+    async def get(self, conversation_id: str) -> ConversationHandle | None:
+        """The live handle, cold-loading the conversation if it exists. None if unknown."""
+        while True:
+            handle = self.live.get(conversation_id)
+            if handle is not None and not handle.closed:
+                return handle
+            loading = self._loading.get(conversation_id)
+            if loading is None:
+                break
+            await loading.wait()
+        event = self._loading[conversation_id] = trio.Event()
+        try:
+            record = await self.deps.storage.reader.run(get_conversation, conversation_id)
+            if record is None:
+                return None
+            return await self._start(conversation_id)
+        finally:
+            del self._loading[conversation_id]
+            event.set()
+
+    def passivate(self, handle: ConversationHandle) -> bool:
+        """Called by an idle actor. Succeeds only with an empty mailbox; closing the mailbox in
+        the same step makes a sender holding the old handle retry through ``get``."""
+        if handle.queued():
+            return False
+        handle.closed = True
+        handle.mailbox.close()
+        self.forget(handle)
+        return True
+
+    def forget(self, handle: ConversationHandle) -> None:
+        handle.closed = True
+        if self.live.get(handle.conversation_id) is handle:
+            del self.live[handle.conversation_id]
+
+    async def stop(self, conversation_id: str) -> None:
+        """Cancel the conversation's actor (its turn ends with a terminal record) and wait."""
+        handle = self.live.get(conversation_id)
+        if handle is None:
+            return
+        handle.closed = True
+        handle.mailbox.close()
+        if handle.actor_scope is not None:
+            handle.actor_scope.cancel()
+        await handle.exited.wait()
+

@@ -1,0 +1,119 @@
+"""open_runtime(): the root supervisor.
+
+Start order: storage (and its hub) -> start-up recovery -> tools -> registry. Shutdown runs the
+other way round: the registry's nursery is cancelled first and awaited, so every running turn
+stores its terminal record while storage is still up; only then is storage stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from agentik.config import Config
+from agentik.errors import ConfigError
+from agentik.llm.base import LiteLlm
+from agentik.storage import ops
+from agentik.storage.actor import Storage, run_storage
+from agentik.tools.base import NoTools, ToolRegistry
+
+if TYPE_CHECKING:
+    from agentik.actors.conversation import ConversationHandle
+    from agentik.agent import LocalAgent
+
+log = logging.getLogger(__name__)
+
+
+def _no_passivate(handle: ConversationHandle) -> bool:
+    return False
+
+
+def _no_forget(handle: ConversationHandle) -> None:
+    return None
+
+
+@dataclass
+class Deps:
+    """What every actor needs; built once by the runtime."""
+
+    config: Config
+    storage: Storage
+    llm: LiteLlm
+    tools: ToolRegistry
+    passivate: Callable[[ConversationHandle], bool] = field(default=_no_passivate)
+    forget: Callable[[ConversationHandle], None] = field(default=_no_forget)
+
+
+def make_llm(config: Config) -> LiteLlm:
+    """The backend named by ``config.llm_backend``. Raises ConfigError."""
+    if config.llm_backend == "openai":
+        from agentik.llm.openai import OpenAiLlm
+
+        return OpenAiLlm.from_config(config)
+    if config.llm_backend == "litert":
+        try:
+            from agentik.llm.litert import LiteRtLlm  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise ConfigError("AGENTIK_LLM_BACKEND", f"the litert backend is not available: {exc}") from exc
+        return LiteRtLlm.from_config(config)  # type: ignore[no-any-return,unused-ignore]
+    raise ConfigError("AGENTIK_LLM_BACKEND", f"unknown backend {config.llm_backend!r}")
+
+
+@asynccontextmanager
+async def open_runtime(
+    config: Config | None = None,
+    *,
+    llm: LiteLlm | None = None,
+    tools: ToolRegistry | None = None,
+) -> AsyncIterator[LocalAgent]:
+    """Run agentik in-process: ``async with open_runtime(cfg) as agent``.
+
+    ``llm`` and ``tools`` override the configured backend and tool registry (an embedding program
+    can bring its own). Raises ConfigError or StorageError at start-up.
+    """
+    from agentik.actors.registry import Registry
+    from agentik.agent import LocalAgent
+
+    config = config or Config.from_env()
+    own_llm = llm is None
+    the_llm = make_llm(config) if llm is None else llm
+    try:
+        async with trio.open_nursery() as root:
+            storage: Storage = await root.start(
+                partial(
+                    run_storage,
+                    config.db_path,
+                    synchronous=config.sqlite_synchronous,
+                    outbox_cap=config.outbox_cap,
+                    outbox_ttl=config.outbox_ttl,
+                    max_batch=config.max_batch,
+                    subscriber_buffer=config.subscriber_buffer,
+                )
+            )
+            purged = await storage.write(ops.PurgeTemporary(now=time.time()))
+            recovered = await storage.write(ops.RecoverTurns(now=time.time()))
+            if purged or recovered:
+                log.info("start-up: %d temporary conversations removed, %d interrupted turns "
+                         "closed", purged, recovered)
+            the_tools: Any = tools if tools is not None else NoTools()
+            deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools)
+            async with trio.open_nursery() as actors:
+                registry = Registry(deps, actors)
+                agent = LocalAgent(deps, registry)
+                try:
+                    yield agent
+                finally:
+                    agent._closed = True
+                    actors.cancel_scope.cancel()
+            root.cancel_scope.cancel()
+    finally:
+        if own_llm:
+            with trio.CancelScope(shield=True):
+                await the_llm.aclose()

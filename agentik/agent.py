@@ -1,0 +1,281 @@
+"""The in-process ``Agent`` API: what ``open_runtime`` yields. The HTTP client library
+(``agentik.client``) offers the same names over the wire, and the web facade maps its routes onto
+exactly these calls.
+
+Who raises what: NotFoundError (unknown conversation), MailboxFullError (send to a full mailbox),
+ConversationFailedError (a conversation past its crash limit), OutboxGapError (dead cursor, from
+the ``events`` iterators at their first step), StorageError (SQLite failed; nothing stored),
+RuntimeClosedError (the runtime is shutting down), InvalidInputError (bad arguments).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from agentik.actors.conversation import _Retry
+from agentik.errors import InvalidInputError, NotFoundError, RuntimeClosedError
+from agentik.storage import ops
+from agentik.storage import queries as q
+from agentik.wire import (
+    ChatSnapshot,
+    CommonEvent,
+    Content,
+    ConversationRecord,
+    ConversationsSnapshot,
+    Cursor,
+    Image,
+    MessageContext,
+    MessageRecord,
+    Text,
+)
+
+if TYPE_CHECKING:
+    from agentik.actors.registry import Registry
+    from agentik.actors.runtime import Deps
+
+MAX_PAGE = 1000
+
+
+def _limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidInputError(f"limit must be 1..{MAX_PAGE}, got {limit}")
+    return limit
+
+
+def _non_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise InvalidInputError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+class Journal:
+    """Append-only journal reads by seq."""
+
+    def __init__(self, deps: Deps) -> None:
+        self._deps = deps
+
+    async def list(
+        self,
+        conversation_id: str | None = None,
+        after_seq: int = 0,
+        up_to_seq: int | None = None,
+        limit: int = 100,
+    ) -> list[MessageRecord]:
+        return await self._deps.storage.reader.run(
+            q.journal, conversation_id, _non_negative("after_seq", after_seq), up_to_seq,
+            _limit(limit),
+        )
+
+    async def count(self, conversation_id: str | None = None, after_seq: int = 0) -> int:
+        return await self._deps.storage.reader.run(
+            q.journal_count, conversation_id, _non_negative("after_seq", after_seq)
+        )
+
+
+class Outbox:
+    """Durable events by cursor: replay from the stored outbox, then live."""
+
+    def __init__(self, deps: Deps) -> None:
+        self._hub = deps.storage.hub
+
+    async def current_cursor(self) -> Cursor:
+        return self._hub.current_cursor()
+
+    async def oldest_cursor(self) -> Cursor:
+        return self._hub.oldest_cursor()
+
+    def events(self, after: Cursor | None = None) -> AsyncIterator[CommonEvent]:
+        """Every durable event (agent and conversation) after ``after`` (None: from now)."""
+        return self._hub.events(after)
+
+    def agent_events(self, after: Cursor | None = None) -> AsyncIterator[CommonEvent]:
+        """Conversation-list events only: Created, Deleted, Renamed, Touched."""
+        return self._hub.events(after, kind="agent")
+
+    def conversation_events(
+        self, after: Cursor | None, conversation_id: str
+    ) -> AsyncIterator[CommonEvent]:
+        """One conversation's durable events, including its own Renamed/Touched/Deleted."""
+        return self._hub.events(after, conversation_id=conversation_id)
+
+
+class OnlineOutbox:
+    def __init__(self, deps: Deps) -> None:
+        self._hub = deps.storage.hub
+
+    def online_events(self, conversation_id: str) -> AsyncIterator[CommonEvent]:
+        """Live-only events (Working, StartResponse, AppendText, End, ...); no cursor, no replay."""
+        return self._hub.online_events(conversation_id)
+
+
+class LocalConversation:
+    def __init__(self, agent: LocalAgent, record: ConversationRecord) -> None:
+        self._agent = agent
+        self.record = record
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def title(self) -> str | None:
+        return self.record.title
+
+    @property
+    def is_temporal(self) -> bool:
+        return self.record.is_temporal
+
+    @property
+    def supports_image_input(self) -> bool:
+        return self._agent._deps.llm.supports_images
+
+    async def send(
+        self, content: Sequence[Content] | Content | str, context: MessageContext | None = None
+    ) -> str:
+        """Queue a user message; returns its id once it is stored. The answer arrives as events.
+        Raises MailboxFullError, NotFoundError, ConversationFailedError, StorageError."""
+        record = await self._agent._send(self.id, _content(content), context)
+        return record.id
+
+    async def interrupt(self) -> bool:
+        """Cancel the running turn (Interrupted event). Returns whether a turn was running."""
+        return await self._agent.interrupt(self.id)
+
+    async def get_messages(
+        self, after_seq: int = 0, offset: int = 0, limit: int = 100
+    ) -> list[MessageRecord]:
+        return await self._agent._deps.storage.reader.run(
+            q.get_messages, self.id, _non_negative("after_seq", after_seq),
+            _non_negative("offset", offset), _limit(limit),
+        )
+
+    async def rename(self, title: str | None) -> ConversationRecord:
+        self.record = await self._agent.rename_conversation(self.id, title)
+        return self.record
+
+    async def close(self) -> None:
+        """Release this object (idempotent). The conversation itself stays; see delete."""
+        self._closed = True
+
+
+def _content(content: Sequence[Content] | Content | str) -> list[Content]:
+    if isinstance(content, str):
+        return [Text(body=content)]
+    if isinstance(content, Text | Image):
+        return [content]
+    items = list(content)
+    if not items:
+        raise InvalidInputError("content must not be empty")
+    return items
+
+
+class LocalAgent:
+    """The in-process Agent."""
+
+    def __init__(self, deps: Deps, registry: Registry) -> None:
+        self._deps = deps
+        self._registry = registry
+        self._closed = False
+        self.journal = Journal(deps)
+        self.outbox = Outbox(deps)
+        self.online_outbox = OnlineOutbox(deps)
+
+    @property
+    def id(self) -> str:
+        return self._deps.storage.epoch
+
+    @property
+    def config(self) -> object:
+        return self._deps.config
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeClosedError("the runtime is closed")
+
+    async def create_conversation(self, temp: bool = False, title: str | None = None) -> LocalConversation:
+        self._check_open()
+        record = await self._registry.create(temp=temp, title=title)
+        return LocalConversation(self, record)
+
+    async def get_conversation(self, conversation_id: str) -> LocalConversation | None:
+        self._check_open()
+        record = await self._deps.storage.reader.run(q.get_conversation, conversation_id)
+        return None if record is None else LocalConversation(self, record)
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Stop its actor (a running turn gets its terminal record), then delete everything of it
+        in one transaction (ConversationClosing, Deleted). Returns False if it did not exist."""
+        self._check_open()
+        await self._registry.stop(conversation_id)
+        deleted: bool = await self._deps.storage.write(
+            ops.DeleteConversation(conversation_id=conversation_id)
+        )
+        return deleted
+
+    async def rename_conversation(self, conversation_id: str, title: str | None) -> ConversationRecord:
+        """Raises NotFoundError."""
+        self._check_open()
+        record: ConversationRecord = await self._deps.storage.write(
+            ops.RenameConversation(conversation_id=conversation_id, title=title, now=time.time())
+        )
+        return record
+
+    async def interrupt(self, conversation_id: str) -> bool:
+        self._check_open()
+        handle = self._registry.live.get(conversation_id)
+        if handle is None:
+            if await self._deps.storage.reader.run(q.get_conversation, conversation_id) is None:
+                raise NotFoundError(f"conversation {conversation_id!r} not found")
+            return False
+        return handle.interrupt()
+
+    async def _send(
+        self, conversation_id: str, content: list[Content], context: MessageContext | None
+    ) -> MessageRecord:
+        self._check_open()
+        for _ in range(3):
+            handle = await self._registry.get(conversation_id)
+            if handle is None:
+                raise NotFoundError(f"conversation {conversation_id!r} not found")
+            try:
+                return await handle.submit(content, context)
+            except _Retry:
+                continue
+        raise RuntimeClosedError(f"conversation {conversation_id!r} keeps closing")
+
+    async def send(
+        self,
+        conversation_id: str,
+        content: Sequence[Content] | Content | str,
+        context: MessageContext | None = None,
+    ) -> str:
+        return (await self._send(conversation_id, _content(content), context)).id
+
+    async def conversations_snapshot(self, offset: int = 0, limit: int = 100) -> ConversationsSnapshot:
+        """The conversation list at a cursor: every change <= cursor is in it."""
+        cursor = self._deps.storage.hub.current_cursor()  # cursor FIRST, then state
+        conversations = await self._deps.storage.reader.run(
+            q.list_conversations, _non_negative("offset", offset), _limit(limit)
+        )
+        return ConversationsSnapshot(cursor=cursor, conversations=conversations)
+
+    async def chat_snapshot(self, conversation_id: str) -> ChatSnapshot:
+        """One conversation and its messages at a cursor. Raises NotFoundError."""
+        cursor = self._deps.storage.hub.current_cursor()  # cursor FIRST, then state
+        record = await self._deps.storage.reader.run(q.get_conversation, conversation_id)
+        if record is None:
+            raise NotFoundError(f"conversation {conversation_id!r} not found")
+        messages: list[MessageRecord] = []
+        after = 0
+        while True:
+            page = await self._deps.storage.reader.run(
+                q.get_messages, conversation_id, after, 0, MAX_PAGE
+            )
+            messages.extend(page)
+            if len(page) < MAX_PAGE:
+                break
+            after = page[-1].seq
+        return ChatSnapshot(cursor=cursor, conversation=record, messages=messages)

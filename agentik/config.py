@@ -1,0 +1,156 @@
+"""Configuration (SPEC §9). Every variable is parsed once, in :meth:`Config.from_env`; a bad value
+raises :class:`agentik.errors.ConfigError` naming the variable, so start-up stops with a message
+that says what to fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from agentik.errors import ConfigError
+
+T = TypeVar("T")
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    port: int = 8080
+    db_path: str = "./agentik.db"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    llm_backend: str = "openai"
+    openai_base_url: str | None = None
+    openai_api_key: str | None = None
+    openai_model: str = "gpt-4o-mini"
+    #: seconds without a byte from the backend before a turn fails
+    llm_timeout: float = 120.0
+    #: retries the openai SDK makes on connection errors and 5xx before failing the turn
+    llm_max_retries: int = 2
+    #: the model's context window in tokens; compaction starts near it (0 = unknown, off)
+    context_window: int = 0
+    litert_model_path: str | None = None
+    litert_threads: int = 2
+    mcp_config: str | None = None
+    tokens: tuple[str, ...] = ()
+    #: durable events kept in the outbox (newest N)
+    outbox_cap: int = 100_000
+    #: seconds a durable event is kept in the outbox
+    outbox_ttl: float = 7 * 24 * 3600.0
+    #: seconds an idle conversation actor lives before it is passivated
+    idle_timeout: float = 300.0
+    #: queued turns per conversation before sends are refused (429)
+    mailbox_size: int = 16
+    tool_timeout: float = 60.0
+    max_tool_rounds: int = 8
+    #: SQLite PRAGMA synchronous for the writer connection
+    sqlite_synchronous: str = "FULL"
+    #: most write requests committed in one transaction
+    max_batch: int = 512
+    #: events a live subscriber may have queued before it falls back to the stored outbox
+    subscriber_buffer: int = 4096
+    #: crashes of one conversation actor within restart_period before it is marked failed
+    restart_limit: int = 5
+    restart_period: float = 60.0
+    #: largest accepted HTTP/WebSocket body in bytes
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        """Read SPEC §9 variables from ``env`` (default ``os.environ``). Raises ConfigError."""
+        env = os.environ if env is None else env
+        kw: dict[str, Any] = {}
+
+        def get(name: str, field: str, parse: Callable[[str], Any]) -> None:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return
+            try:
+                kw[field] = parse(raw)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(name, f"invalid value {raw!r}: {exc}") from None
+
+        get("AGENTIK_PORT", "port", _port)
+        get("AGENTIK_DB_PATH", "db_path", str)
+        get("AGENTIK_SYSTEM_PROMPT", "system_prompt", str)
+        get("AGENTIK_LLM_BACKEND", "llm_backend", _choice("openai", "litert"))
+        get("OPENAI_BASE_URL", "openai_base_url", _url)
+        get("OPENAI_API_KEY", "openai_api_key", str)
+        get("OPENAI_MODEL", "openai_model", str)
+        get("AGENTIK_LLM_TIMEOUT", "llm_timeout", _positive_float)
+        get("AGENTIK_LLM_MAX_RETRIES", "llm_max_retries", _non_negative_int)
+        get("AGENTIK_CONTEXT_WINDOW", "context_window", _non_negative_int)
+        get("AGENTIK_LITERT_MODEL_PATH", "litert_model_path", str)
+        get("AGENTIK_LITERT_THREADS", "litert_threads", _positive_int)
+        get("AGENTIK_MCP_CONFIG", "mcp_config", str)
+        get("AGENTIK_TOKENS", "tokens", _tokens)
+        get("AGENTIK_OUTBOX_CAP", "outbox_cap", _positive_int)
+        get("AGENTIK_OUTBOX_TTL", "outbox_ttl", _positive_float)
+        get("AGENTIK_IDLE_TIMEOUT", "idle_timeout", _positive_float)
+        get("AGENTIK_MAILBOX_SIZE", "mailbox_size", _positive_int)
+        get("AGENTIK_TOOL_TIMEOUT", "tool_timeout", _positive_float)
+        get("AGENTIK_MAX_TOOL_ROUNDS", "max_tool_rounds", _positive_int)
+        get("AGENTIK_SQLITE_SYNCHRONOUS", "sqlite_synchronous",
+            _choice("OFF", "NORMAL", "FULL", "EXTRA", upper=True))
+        get("AGENTIK_MAX_BATCH", "max_batch", _positive_int)
+        get("AGENTIK_SUBSCRIBER_BUFFER", "subscriber_buffer", _positive_int)
+        get("AGENTIK_RESTART_LIMIT", "restart_limit", _positive_int)
+        get("AGENTIK_RESTART_PERIOD", "restart_period", _positive_float)
+        get("AGENTIK_MAX_BODY_BYTES", "max_body_bytes", _positive_int)
+        return cls(**kw)
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 <= value <= 65535:
+        raise ValueError("must be 0..65535")
+    return value
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+def _url(raw: str) -> str:
+    if not raw.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return raw
+
+
+def _tokens(raw: str) -> tuple[str, ...]:
+    tokens = tuple(t.strip() for t in raw.split(",") if t.strip())
+    if not tokens:
+        raise ValueError("no token in the list")
+    return tokens
+
+
+def _choice(*choices: str, upper: bool = False) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().upper() if upper else raw.strip().lower()
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse

@@ -1,0 +1,92 @@
+"""The LLM backend protocol (SPEC §7): ``LiteLlm.open(history, tools) -> LiteConversation``.
+
+A ``LiteConversation`` is one live model session. It owns its own copy of the history: after a
+round it has appended the assistant's answer (text and tool calls) itself, and
+``add_tool_result`` appends a tool answer; ``send_stream(None)`` then continues after tool results.
+
+Contract every backend keeps:
+- ``send_stream`` is an async iterator of :data:`LlmDelta`; it raises only
+  :class:`agentik.errors.LlmError` subclasses (third-party errors are converted inside the
+  backend) or ``trio.Cancelled``. It always releases its connection/stream, also when the consumer
+  stops early or is cancelled.
+- After a failure or a cancellation the conversation is not reused: the actor calls ``close()`` and
+  opens a new one from working memory.
+- ``close()`` is idempotent and never raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from agentik.wire import Content, WorkingItem
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A function offered to the model: OpenAI function-calling shape."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = {}
+
+
+class TextDelta(msgspec.Struct, frozen=True):
+    text: str
+
+
+class ReasoningDelta(msgspec.Struct, frozen=True):
+    text: str
+
+
+class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True):
+    """A fragment of a tool call. ``index`` identifies the call within the round; ``id`` and
+    ``name`` are set (assigned, never appended) when present; ``arguments`` is appended."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+class UsageDelta(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class FinishDelta(msgspec.Struct, frozen=True):
+    reason: str | None
+
+
+LlmDelta = TextDelta | ReasoningDelta | ToolCallDelta | UsageDelta | FinishDelta
+
+
+class LiteConversation(Protocol):
+    def send_stream(self, content: Sequence[Content] | None) -> AsyncIterator[LlmDelta]:
+        """Stream one model round. ``content`` is the user's new message, or None to continue
+        after tool results. Raises LlmError on backend failure."""
+        ...
+
+    def add_tool_result(self, call_id: str, name: str, result: str) -> None: ...
+
+    async def interrupt(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class LiteLlm(Protocol):
+    #: whether Image content reaches the model (else it is dropped with a warning)
+    supports_images: bool
+    #: the model's context window in tokens, if known (drives compaction)
+    context_window: int | None
+
+    async def open(
+        self, history: Sequence[WorkingItem], tools: Sequence[ToolSpec]
+    ) -> LiteConversation:
+        """Start a session seeded with ``history``. Raises LlmError."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release process-wide resources (HTTP client, engine). Idempotent."""
+        ...

@@ -1,0 +1,148 @@
+"""StorageActor: the only writer to SQLite.
+
+Callers ``await storage.write(op)``; the request goes on a bounded channel with a one-shot reply.
+The actor takes one request, then every request already queued (up to ``max_batch``), and commits
+them all in ONE transaction in a worker thread: group commit, one fsync per batch, so batches grow
+by themselves under load. Only after the commit does it publish the batch's events to the hub (in
+offset order) and then answer each caller, so:
+
+- nothing is acknowledged that is not committed (a failed commit answers every caller of the batch
+  with StorageError);
+- a reader that takes ``hub.current_cursor()`` and then reads state sees every row <= that cursor.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from agentik.errors import AgentikError, RuntimeClosedError, StorageError
+from agentik.storage import ops
+from agentik.storage.hub import EventHub
+from agentik.storage.queries import Reader
+from agentik.storage.writer import Writer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Request:
+    op: ops.AnyOp
+    done: trio.Event = field(default_factory=trio.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclass
+class StorageStats:
+    batches: int = 0
+    ops: int = 0
+    largest_batch: int = 0
+
+
+class Storage:
+    """Handle to the running StorageActor: ``write`` for the writer, ``reader`` and ``hub`` for
+    reads. Create with :func:`open_storage` (via ``nursery.start``)."""
+
+    def __init__(self, send: trio.MemorySendChannel[_Request], reader: Reader, hub: EventHub) -> None:
+        self._send = send
+        self.reader = reader
+        self.hub = hub
+        self.stats = StorageStats()
+
+    @property
+    def epoch(self) -> str:
+        return self.hub.epoch
+
+    async def write(self, op: ops.AnyOp) -> Any:
+        """Commit ``op`` and return its result once it is durable.
+
+        Raises the op's own AgentikError (e.g. NotFoundError) if it was refused, StorageError if
+        the transaction failed (nothing stored), RuntimeClosedError if storage is shut down. If the
+        caller is cancelled after the request was queued, the write still happens.
+        """
+        req = _Request(op)
+        try:
+            await self._send.send(req)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise RuntimeClosedError("storage is closed") from None
+        await req.done.wait()
+        if req.error is not None:
+            raise req.error
+        return req.result
+
+
+async def run_storage(
+    path: str,
+    *,
+    synchronous: str = "FULL",
+    outbox_cap: int = 100_000,
+    outbox_ttl: float = 7 * 24 * 3600.0,
+    max_batch: int = 512,
+    subscriber_buffer: int = 4096,
+    queue_size: int = 4096,
+    task_status: trio.TaskStatus[Storage] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the StorageActor until cancelled. ``task_status.started`` gets the Storage handle once
+    the database is open and migrated. Raises StorageError if the database cannot be opened."""
+    writer = await trio.to_thread.run_sync(
+        lambda: Writer(path, synchronous=synchronous, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl)
+    )
+    reader = Reader(path)
+    hub = EventHub(
+        epoch=writer.epoch, head=writer.next_seq - 1, oldest=writer.oldest, reader=reader,
+        buffer=subscriber_buffer,
+    )
+    send, recv = trio.open_memory_channel[_Request](queue_size)
+    storage = Storage(send, reader, hub)
+    try:
+        task_status.started(storage)
+        async with recv:
+            while True:
+                first = await recv.receive()
+                batch = [first]
+                while len(batch) < max_batch:
+                    try:
+                        batch.append(recv.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                await _commit(writer, hub, storage, batch)
+    finally:
+        send.close()
+        # Answer anyone still waiting so no caller hangs on a closed actor.
+        while True:
+            try:
+                req = recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            req.error = RuntimeClosedError("storage is closed")
+            req.done.set()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(writer.close)
+            reader.close()
+
+
+async def _commit(writer: Writer, hub: EventHub, storage: Storage, batch: list[_Request]) -> None:
+    # The thread call is not abandoned on cancel: a commit that started always finishes and is
+    # answered, so a caller is never told "failed" about data that is in fact stored.
+    try:
+        result = await trio.to_thread.run_sync(writer.commit_batch, [r.op for r in batch])
+    except StorageError as exc:
+        log.error("storage batch of %d failed: %s", len(batch), exc)
+        for req in batch:
+            req.error = StorageError(str(exc))
+            req.done.set()
+        return
+    storage.stats.batches += 1
+    storage.stats.ops += len(batch)
+    storage.stats.largest_batch = max(storage.stats.largest_batch, len(batch))
+    hub.publish(result.events, result.oldest, result.head)
+    for req, value in zip(batch, result.results, strict=True):
+        if isinstance(value, AgentikError):
+            req.error = value
+        else:
+            req.result = value
+        req.done.set()

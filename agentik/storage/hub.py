@@ -1,0 +1,213 @@
+"""EventHub: fan-out of durable events (after commit) by cursor, and of online events (live only).
+
+Replay-then-live, with no gap and no duplicate, by construction:
+
+1. Check the cursor against epoch, oldest and head (else OutboxGapError).
+2. Register a live subscriber FIRST, then read the stored outbox after the cursor, page by page.
+3. Then take from the live buffer, skipping offsets already replayed. Stored offsets are contiguous
+   (every seq has exactly one outbox row; trimming removes only a prefix), so anything missed
+   between the last replayed row and the first live one is impossible: the subscriber was
+   registered before the read began.
+4. The writer only ever ``send_nowait``s. A subscriber whose buffer is full is closed by the writer;
+   its reader notices at the end of the buffer and goes back to step 2 from its last offset.
+5. If the outbox is trimmed past a reader's position while it replays, the next page shows
+   ``last < oldest - 1`` and the reader raises OutboxGapError instead of skipping silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import trio
+
+from agentik.errors import OutboxGapError
+from agentik.storage.queries import Reader, outbox_page
+from agentik.storage.writer import StoredEvent
+from agentik.wire import CommonEvent, Cursor, OnlineEvent
+
+REPLAY_PAGE = 1000
+
+
+@dataclass(eq=False)
+class _Subscriber:
+    conversation_id: str | None
+    kind: str | None
+    send: trio.MemorySendChannel[StoredEvent]
+    overflowed: bool = False
+
+    def wants(self, ev: StoredEvent) -> bool:
+        return (self.conversation_id is None or ev.conversation_id == self.conversation_id) and (
+            self.kind is None or ev.kind == self.kind
+        )
+
+
+@dataclass(eq=False)
+class _OnlineSubscriber:
+    send: trio.MemorySendChannel[CommonEvent]
+
+
+@dataclass
+class EventHub:
+    epoch: str
+    head: int
+    oldest: int  # lowest retained offset; == head + 1 when the outbox is empty
+    reader: Reader
+    buffer: int = 4096
+    _subs: set[_Subscriber] = field(default_factory=set)
+    _online: dict[str, set[_OnlineSubscriber]] = field(default_factory=dict)
+    published: int = 0
+
+    # --- cursors ---------------------------------------------------------------------------------
+
+    def current_cursor(self) -> Cursor:
+        return Cursor(epoch=self.epoch, offset=self.head)
+
+    def oldest_cursor(self) -> Cursor:
+        """The oldest cursor that can still be resumed from."""
+        return Cursor(epoch=self.epoch, offset=self.oldest - 1)
+
+    def _gap(self, why: str) -> OutboxGapError:
+        return OutboxGapError(why, oldest=self.oldest_cursor(), current=self.current_cursor())
+
+    def check(self, after: Cursor) -> None:
+        """Raise OutboxGapError unless ``after`` can be resumed from."""
+        if after.epoch != self.epoch:
+            raise self._gap(f"cursor {after} is from another database epoch")
+        if after.offset > self.head:
+            raise self._gap(f"cursor {after} is ahead of the head {self.head}")
+        if after.offset < self.oldest - 1:
+            raise self._gap(f"cursor {after} was evicted from the outbox")
+
+    # --- durable ---------------------------------------------------------------------------------
+
+    def publish(self, events: list[StoredEvent], oldest: int, head: int) -> None:
+        """Called by the StorageActor after each commit, events in offset order. Never blocks."""
+        self.oldest = oldest
+        if not events:
+            return
+        self.head = max(self.head, head)
+        self.published += len(events)
+        dead: list[_Subscriber] = []
+        for sub in self._subs:
+            for ev in events:
+                if not sub.wants(ev):
+                    continue
+                try:
+                    sub.send.send_nowait(ev)
+                except trio.WouldBlock:
+                    sub.overflowed = True
+                    dead.append(sub)
+                    break
+                except trio.BrokenResourceError:
+                    dead.append(sub)
+                    break
+        for sub in dead:
+            self._subs.discard(sub)
+            sub.send.close()
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subs)
+
+    async def stream(
+        self,
+        after: Cursor | None,
+        *,
+        conversation_id: str | None = None,
+        kind: str | None = None,
+    ) -> AsyncIterator[list[StoredEvent]]:
+        """Batches of stored events after ``after`` (None: from the current head), replayed then
+        live, each exactly once in offset order. Raises OutboxGapError for a dead cursor or one
+        overtaken by eviction. Runs until the consumer stops iterating or is cancelled."""
+        if after is None:
+            after = self.current_cursor()
+        self.check(after)
+        last = after.offset
+        while True:
+            send, recv = trio.open_memory_channel[StoredEvent](self.buffer)
+            sub = _Subscriber(conversation_id, kind, send)
+            self._subs.add(sub)
+            try:
+                # Replay what is stored after `last` (the subscriber already catches the rest).
+                while True:
+                    oldest, head, rows = await self.reader.run(
+                        outbox_page, last, conversation_id, kind, REPLAY_PAGE
+                    )
+                    if last < oldest - 1:
+                        raise OutboxGapError(
+                            f"events after offset {last} were evicted while replaying",
+                            oldest=Cursor(epoch=self.epoch, offset=oldest - 1),
+                            current=self.current_cursor(),
+                        )
+                    if rows:
+                        last = rows[-1].offset
+                        yield rows
+                    if len(rows) < REPLAY_PAGE:
+                        # Everything stored up to `head` at that read was scanned; with a filter
+                        # the non-matching offsets count as seen too.
+                        last = max(last, head)
+                        break
+                # Live.
+                while True:
+                    try:
+                        first = await recv.receive()
+                    except trio.EndOfChannel:
+                        break  # overflowed: replay from the store, then live again
+                    batch = [first]
+                    while True:
+                        try:
+                            batch.append(recv.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    fresh = [ev for ev in batch if ev.offset > last]
+                    if fresh:
+                        last = fresh[-1].offset
+                        yield fresh
+            finally:
+                self._subs.discard(sub)
+                send.close()
+
+    async def events(
+        self, after: Cursor | None, *, conversation_id: str | None = None, kind: str | None = None
+    ) -> AsyncIterator[CommonEvent]:
+        async for batch in self.stream(after, conversation_id=conversation_id, kind=kind):
+            for ev in batch:
+                yield ev.event
+
+    # --- online ----------------------------------------------------------------------------------
+
+    def publish_online(self, conversation_id: str, event: OnlineEvent) -> None:
+        subs = self._online.get(conversation_id)
+        if not subs:
+            return
+        common = CommonEvent(cursor=None, conversation_id=conversation_id, event=event)
+        for sub in list(subs):
+            try:
+                sub.send.send_nowait(common)
+            except (trio.WouldBlock, trio.BrokenResourceError):
+                # Online events are live-only: a subscriber too slow to keep up is cut off (its
+                # stream ends) rather than fed a stream with holes in the middle of a text.
+                subs.discard(sub)
+                sub.send.close()
+
+    async def online_events(self, conversation_id: str) -> AsyncIterator[CommonEvent]:
+        """Live online events of one conversation, from now on. Ends if the consumer falls more
+        than ``buffer`` events behind."""
+        send, recv = trio.open_memory_channel[CommonEvent](self.buffer)
+        sub = _OnlineSubscriber(send)
+        self._online.setdefault(conversation_id, set()).add(sub)
+        try:
+            async for ev in recv:
+                yield ev
+        finally:
+            subs = self._online.get(conversation_id)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._online[conversation_id]
+            send.close()
+
+    def online_subscribers(self, conversation_id: str) -> int:
+        return len(self._online.get(conversation_id, ()))
+

@@ -1,0 +1,127 @@
+"""Write operations the StorageActor accepts: a closed union of frozen structs.
+
+Each op is applied inside the batch transaction by :func:`agentik.storage.writer.apply_op`; every
+durable event it produces takes the next value of the counter, and the state rows it writes carry
+that same value, so ``event offset == record seq`` holds by construction.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from agentik.wire import (
+    AssistantMessage,
+    Error,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+    WorkingItem,
+)
+
+
+class Op(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class CreateConversation(Op, frozen=True, kw_only=True):
+    conversation_id: str
+    title: str | None
+    is_temporal: bool
+    now: float
+    system_prompt: str
+
+
+class DeleteConversation(Op, frozen=True, kw_only=True):
+    conversation_id: str
+
+
+class RenameConversation(Op, frozen=True, kw_only=True):
+    conversation_id: str
+    title: str | None
+    now: float
+
+
+class AppendUserMessage(Op, frozen=True, kw_only=True):
+    """Journal the user's message and open its turn (working memory gets it when the turn starts,
+    so queued messages never interleave with a running turn's answer)."""
+
+    conversation_id: str
+    message_id: str
+    message: UserMessage
+    now: float
+
+
+class StartTurn(Op, frozen=True, kw_only=True):
+    conversation_id: str
+    turn_id: str
+    item: WorkingItem
+    now: float
+
+
+class AppendToolCalls(Op, frozen=True, kw_only=True):
+    """One model round's tool calls: journal + events, one assistant item in working memory."""
+
+    conversation_id: str
+    calls: tuple[tuple[str, ToolCall], ...]  # (message id, call)
+    item: WorkingItem
+    now: float
+
+
+class AppendToolResult(Op, frozen=True, kw_only=True):
+    conversation_id: str
+    message_id: str
+    result: ToolResult
+    item: WorkingItem
+    now: float
+
+
+class FinishTurn(Op, frozen=True, kw_only=True):
+    """The terminal record(s) of a turn: assistant answer and/or Interrupted and/or Error, then
+    Touched; the turn row is removed in the same transaction."""
+
+    conversation_id: str
+    turn_id: str | None
+    assistant: tuple[str, AssistantMessage] | None = None
+    #: working-memory item stored with the assistant answer (None: nothing for the model to see)
+    item: WorkingItem | None = None
+    interrupted: bool = False
+    error: tuple[str, Error] | None = None
+    now: float
+
+
+class Compact(Op, frozen=True, kw_only=True):
+    """Replace working-memory items with order_idx < ``before_order_idx`` (the system prompt kept)
+    by one summary item."""
+
+    conversation_id: str
+    before_order_idx: int
+    summary: WorkingItem | None
+    dropped: int
+    now: float
+
+
+class RecoverTurns(Op, frozen=True, kw_only=True):
+    """Start-up: close every turn left open by a dead process with an Error record."""
+
+    now: float
+
+
+class PurgeTemporary(Op, frozen=True, kw_only=True):
+    """Start-up: temporary conversations do not survive a restart."""
+
+    now: float
+
+
+AnyOp = (
+    CreateConversation
+    | DeleteConversation
+    | RenameConversation
+    | AppendUserMessage
+    | StartTurn
+    | AppendToolCalls
+    | AppendToolResult
+    | FinishTurn
+    | Compact
+    | RecoverTurns
+    | PurgeTemporary
+)

@@ -1,0 +1,186 @@
+"""Read side: plain synchronous SQL over read-only connections, run in worker threads by
+:class:`Reader`. WAL lets these run while the writer commits; each function reads inside one
+transaction, so what it returns is one consistent snapshot of the database."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+import trio
+
+from agentik.errors import StorageError
+from agentik.storage.writer import StoredEvent, open_connection, row_to_conversation
+from agentik.wire import (
+    ConversationRecord,
+    MessageRecord,
+    WorkingItem,
+    decode_common_event,
+    decode_message,
+    decode_working_item,
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_CONVERSATION_COLUMNS = "id, title, is_temporal, created_at, updated_at, seq"
+
+
+def _message_row(row: tuple[Any, ...]) -> MessageRecord:
+    return MessageRecord(
+        id=row[0], seq=row[1], conversation_id=row[2], created_at=row[3],
+        message=decode_message(row[4]),
+    )
+
+
+def get_conversation(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecord | None:
+    row = conn.execute(
+        f"SELECT {_CONVERSATION_COLUMNS} FROM conversation WHERE id=?", (conversation_id,)
+    ).fetchone()
+    return row_to_conversation(row) if row else None
+
+
+def list_conversations(conn: sqlite3.Connection, offset: int, limit: int) -> list[ConversationRecord]:
+    rows = conn.execute(
+        f"SELECT {_CONVERSATION_COLUMNS} FROM conversation ORDER BY updated_at DESC, id "
+        "LIMIT ? OFFSET ?",
+        (limit, offset),
+    ).fetchall()
+    return [row_to_conversation(r) for r in rows]
+
+
+def get_messages(
+    conn: sqlite3.Connection, conversation_id: str, after_seq: int, offset: int, limit: int
+) -> list[MessageRecord]:
+    rows = conn.execute(
+        "SELECT id, seq, conversation_id, created_at, payload FROM message "
+        "WHERE conversation_id=? AND seq > ? ORDER BY seq LIMIT ? OFFSET ?",
+        (conversation_id, after_seq, limit, offset),
+    ).fetchall()
+    return [_message_row(r) for r in rows]
+
+
+def journal(
+    conn: sqlite3.Connection,
+    conversation_id: str | None,
+    after_seq: int,
+    up_to_seq: int | None,
+    limit: int,
+) -> list[MessageRecord]:
+    sql = "SELECT id, seq, conversation_id, created_at, payload FROM message WHERE seq > ?"
+    args: list[Any] = [after_seq]
+    if conversation_id is not None:
+        sql += " AND conversation_id=?"
+        args.append(conversation_id)
+    if up_to_seq is not None:
+        sql += " AND seq <= ?"
+        args.append(up_to_seq)
+    sql += " ORDER BY seq LIMIT ?"
+    args.append(limit)
+    return [_message_row(r) for r in conn.execute(sql, args).fetchall()]
+
+
+def journal_count(conn: sqlite3.Connection, conversation_id: str | None, after_seq: int) -> int:
+    if conversation_id is None:
+        row = conn.execute("SELECT COUNT(*) FROM message WHERE seq > ?", (after_seq,)).fetchone()
+    else:
+        row = conn.execute(
+            "SELECT COUNT(*) FROM message WHERE conversation_id=? AND seq > ?",
+            (conversation_id, after_seq),
+        ).fetchone()
+    return int(row[0])
+
+
+def working_memory(conn: sqlite3.Connection, conversation_id: str) -> list[tuple[int, WorkingItem]]:
+    rows = conn.execute(
+        "SELECT order_idx, payload FROM working_memory WHERE conversation_id=? ORDER BY order_idx",
+        (conversation_id,),
+    ).fetchall()
+    return [(r[0], decode_working_item(r[1])) for r in rows]
+
+
+def outbox_page(
+    conn: sqlite3.Connection,
+    after: int,
+    conversation_id: str | None,
+    kind: str | None,
+    limit: int,
+) -> tuple[int, int, list[StoredEvent]]:
+    """One consistent read of the outbox: (oldest retained offset, highest stored offset, rows
+    with offset > after matching the filter, at most ``limit``)."""
+    conn.execute("BEGIN")
+    try:
+        lo, hi = conn.execute('SELECT MIN("offset"), MAX("offset") FROM outbox').fetchone()
+        next_seq = int(conn.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()[0])
+        sql = 'SELECT "offset", conversation_id, kind, payload FROM outbox WHERE "offset" > ?'
+        args: list[Any] = [after]
+        if conversation_id is not None:
+            sql += " AND conversation_id=?"
+            args.append(conversation_id)
+        if kind is not None:
+            sql += " AND kind=?"
+            args.append(kind)
+        sql += ' ORDER BY "offset" LIMIT ?'
+        args.append(limit)
+        rows = conn.execute(sql, args).fetchall()
+    finally:
+        conn.execute("COMMIT")
+    head = next_seq - 1
+    oldest = lo if lo is not None else next_seq
+    del hi
+    events = [
+        StoredEvent(r[0], r[1], r[2], decode_common_event(r[3]), bytes(r[3])) for r in rows
+    ]
+    return oldest, head, events
+
+
+class Reader:
+    """A small pool of read connections used from worker threads.
+
+    ``run(fn, *args)`` runs ``fn(conn, *args)`` in a thread with a pooled connection and converts
+    sqlite3 errors to StorageError. Concurrency is bounded by a CapacityLimiter so a burst of reads
+    cannot take every worker thread.
+    """
+
+    def __init__(self, path: str, max_connections: int = 4) -> None:
+        self.path = path
+        self._pool: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._limiter = trio.CapacityLimiter(max_connections)
+        self._closed = False
+
+    def _acquire(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._pool:
+                return self._pool.pop()
+        return open_connection(self.path, readonly=True)
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            if not self._closed:
+                self._pool.append(conn)
+                return
+        conn.close()
+
+    def _call(self, fn: Callable[..., R], *args: Any) -> R:
+        conn = self._acquire()
+        try:
+            return fn(conn, *args)
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            raise StorageError(f"read failed: {exc}") from exc
+        finally:
+            self._release(conn)
+
+    async def run(self, fn: Callable[..., R], *args: Any) -> R:
+        return await trio.to_thread.run_sync(self._call, fn, *args, limiter=self._limiter)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, []
+        for conn in pool:
+            conn.close()

@@ -1,0 +1,101 @@
+"""SQLite schema and migrations, keyed by ``meta.schema_version``.
+
+Tables:
+- ``meta``: epoch (random id made with the database), schema_version, next_seq (the one counter).
+- ``conversation``: one row per conversation; ``seq`` is the offset of its last change.
+- ``message``: the journal, append-only; ``seq`` equals the outbox offset of its event.
+- ``working_memory``: what the model sees, ordered by ``order_idx``; compaction rewrites it.
+- ``turn``: turns that were accepted and have not reached a terminal record yet. A row left here at
+  start-up means the process died mid-turn; start-up closes it with an Error record.
+- ``outbox``: durable events by offset; trimmed from the oldest end only, so the retained offsets are
+  always one contiguous range.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+
+SCHEMA_VERSION = 1
+
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE conversation (
+    id TEXT PRIMARY KEY,
+    title TEXT,
+    is_temporal INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    seq INTEGER NOT NULL
+);
+CREATE INDEX conversation_by_update ON conversation (updated_at DESC, id);
+CREATE TABLE message (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    conversation_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    payload BLOB NOT NULL
+);
+CREATE INDEX message_by_conversation ON message (conversation_id, seq);
+CREATE TABLE working_memory (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL,
+    order_idx INTEGER NOT NULL,
+    source_message_id TEXT,
+    created_at REAL NOT NULL,
+    payload BLOB NOT NULL
+);
+CREATE INDEX working_memory_by_conversation ON working_memory (conversation_id, order_idx);
+CREATE TABLE turn (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    state TEXT NOT NULL
+);
+CREATE INDEX turn_by_conversation ON turn (conversation_id);
+CREATE TABLE outbox (
+    "offset" INTEGER PRIMARY KEY,
+    conversation_id TEXT,
+    kind TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    payload BLOB NOT NULL
+);
+CREATE INDEX outbox_by_conversation ON outbox (conversation_id, "offset");
+CREATE INDEX outbox_by_time ON outbox (created_at);
+"""
+
+#: version -> script that brings a database from version-1 to version
+MIGRATIONS: dict[int, str] = {1: _V1}
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Create or upgrade the schema in one transaction. Raises sqlite3.Error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        has_meta = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
+        ).fetchone()
+        version = 0
+        if has_meta:
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(
+                f"database schema version {version} is newer than this agentik ({SCHEMA_VERSION})"
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[target].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        if version == 0:
+            conn.execute("INSERT INTO meta VALUES ('epoch', ?)", (secrets.token_hex(8),))
+            conn.execute("INSERT INTO meta VALUES ('next_seq', '1')")
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif version < SCHEMA_VERSION:
+            conn.execute(
+                "UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),)
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,93 @@
+"""The ToolRegistry interface the turn loop runs tools through, and two plain implementations:
+``NoTools`` (plain chat) and ``FunctionTools`` (Python callables, for embedding programs and tests).
+MCP servers implement the same interface in ``agentik.tools.mcp``.
+
+Contract: ``call`` returns a ToolOutcome (``is_error=True`` for an error result) or raises
+ToolError; it may be cancelled at any await (interrupt, timeout), and must leave the registry
+usable afterwards. Timeouts, argument parsing, unknown names and size caps are enforced by the turn
+loop, not by implementations.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from agentik.errors import ToolError
+from agentik.llm.base import ToolSpec
+
+
+class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    content: str
+    is_error: bool = False
+    structured: Any = None
+
+
+class ToolRegistry(Protocol):
+    def specs(self) -> Sequence[ToolSpec]:
+        """The tools offered to the model right now."""
+        ...
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+        """Run one tool. Raises ToolError when the tool cannot be run."""
+        ...
+
+
+class NoTools:
+    def specs(self) -> Sequence[ToolSpec]:
+        return ()
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+        raise ToolError(f"unknown tool {name!r}")
+
+
+ToolFn = Callable[..., Any] | Callable[..., Awaitable[Any]]
+
+
+class FunctionTools:
+    """Tools backed by Python callables: ``tools.add(fn, name=..., description=..., parameters=...)``.
+
+    The callable receives the model's arguments as keyword arguments; a str result is sent as is,
+    anything else as JSON. An exception from the callable becomes an error result carrying its
+    message (the model sees what went wrong and can try again).
+    """
+
+    def __init__(self) -> None:
+        self._tools: dict[str, tuple[ToolSpec, ToolFn]] = {}
+
+    def add(
+        self,
+        fn: ToolFn,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        tool_name = name or fn.__name__
+        spec = ToolSpec(
+            name=tool_name,
+            description=description or inspect.getdoc(fn) or "",
+            parameters=parameters or {"type": "object", "properties": {}},
+        )
+        self._tools[tool_name] = (spec, fn)
+
+    def specs(self) -> Sequence[ToolSpec]:
+        return [spec for spec, _ in self._tools.values()]
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+        entry = self._tools.get(name)
+        if entry is None:
+            raise ToolError(f"unknown tool {name!r}")
+        _, fn = entry
+        try:
+            result = fn(**arguments)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            return ToolOutcome(content=f"{type(exc).__name__}: {exc}", is_error=True)
+        if isinstance(result, str):
+            return ToolOutcome(content=result)
+        return ToolOutcome(content=msgspec.json.encode(result).decode(), structured=result)

@@ -1,0 +1,362 @@
+"""Wire types (SPEC §3): one definition of each, shared by the runtime, storage payloads, the HTTP
+facade and the client library.
+
+All types are frozen msgspec Structs. Members of a union carry a snake_case ``type`` tag. New fields
+are only ever added with defaults, so old stored payloads and old clients keep decoding.
+
+Encoders and decoders are built once at import (``encode``, ``decode_*``); a decode error is a
+``msgspec.ValidationError`` whose message names the offending path, e.g.
+``Expected `str`, got `int` - at `$.content[0].body```. ``agentik.wire.convert_input`` turns it
+into :class:`agentik.errors.InvalidInputError`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from agentik.errors import InvalidInputError
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class Wire(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """Base of plain (untagged) wire structs."""
+
+
+class Tagged(Wire, frozen=True, kw_only=True, tag_field="type", tag=_snake):
+    """Base of union members: encoded with a ``type`` tag."""
+
+
+# --- content -------------------------------------------------------------------------------------
+
+
+class Text(Tagged, frozen=True, kw_only=True):
+    body: str
+
+
+class Image(Tagged, frozen=True, kw_only=True):
+    data: str  # base64, no data: prefix
+    mime: str = "image/png"
+
+
+Content = Text | Image
+
+
+class MessageOrigin(Wire, frozen=True, kw_only=True):
+    kind: Literal["user", "agent", "system"] = "user"
+    id: str | None = None
+
+
+class MessageContext(Wire, frozen=True, kw_only=True):
+    origin: MessageOrigin | None = None
+    metadata: dict[str, str] = {}
+
+
+class TurnTokens(Wire, frozen=True, kw_only=True):
+    prompt: int = 0
+    completion: int = 0
+
+
+# --- messages (the journal) ----------------------------------------------------------------------
+
+
+class UserMessage(Tagged, frozen=True, kw_only=True):
+    content: list[Content]
+    context: MessageContext | None = None
+
+
+class AssistantMessage(Tagged, frozen=True, kw_only=True):
+    content: list[Content]
+    reasoning: str | None = None
+    tokens: TurnTokens | None = None
+    interrupted: bool = False
+    turn_id: str | None = None  # id of the UserMessage that started the turn
+
+
+class ToolCall(Tagged, frozen=True, kw_only=True):
+    call_id: str
+    name: str
+    arguments: str  # JSON text exactly as the model produced it
+    turn_id: str | None = None
+
+
+class ToolResult(Tagged, frozen=True, kw_only=True):
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+    structured: Any = None
+    turn_id: str | None = None
+
+
+class Error(Tagged, frozen=True, kw_only=True):
+    message: str
+    code: str = "internal"
+    turn_id: str | None = None
+
+
+Message = UserMessage | AssistantMessage | ToolCall | ToolResult | Error
+
+
+class MessageRecord(Wire, frozen=True, kw_only=True):
+    id: str
+    seq: int
+    conversation_id: str
+    created_at: float
+    message: Message
+
+
+class ConversationRecord(Wire, frozen=True, kw_only=True):
+    id: str
+    title: str | None = None
+    is_temporal: bool = False
+    created_at: float
+    updated_at: float
+    seq: int
+
+
+# --- working memory (what the model sees; stored as payloads) ------------------------------------
+
+
+class ToolCallSpec(Wire, frozen=True, kw_only=True):
+    call_id: str
+    name: str
+    arguments: str
+
+
+class SystemItem(Tagged, frozen=True, kw_only=True, tag="system"):
+    text: str
+
+
+class UserItem(Tagged, frozen=True, kw_only=True, tag="user"):
+    content: list[Content]
+
+
+class AssistantItem(Tagged, frozen=True, kw_only=True, tag="assistant"):
+    content: list[Content]
+    tool_calls: list[ToolCallSpec] = []
+
+
+class ToolItem(Tagged, frozen=True, kw_only=True, tag="tool"):
+    call_id: str
+    name: str
+    content: str
+
+
+class SummaryItem(Tagged, frozen=True, kw_only=True, tag="summary"):
+    """Replaces compacted turns: the model's own summary of them."""
+
+    text: str
+
+
+WorkingItem = SystemItem | UserItem | AssistantItem | ToolItem | SummaryItem
+
+
+# --- cursor --------------------------------------------------------------------------------------
+
+
+class Cursor(Wire, frozen=True, kw_only=True):
+    epoch: str
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.epoch}:{self.offset}"
+
+    @classmethod
+    def parse(cls, text: str) -> Cursor:
+        """Parse ``EPOCH:OFFSET``; raises InvalidInputError naming the problem."""
+        epoch, sep, offset = text.rpartition(":")
+        if not sep or not epoch or not offset.isdigit():
+            raise InvalidInputError(f"cursor must be EPOCH:OFFSET with a non-negative offset, got {text!r}")
+        return cls(epoch=epoch, offset=int(offset))
+
+
+# --- events --------------------------------------------------------------------------------------
+# Durable conversation events carry the whole record they announce (events are absolute).
+
+
+class UserMessageEvent(Tagged, frozen=True, kw_only=True, tag="user_message"):
+    record: MessageRecord
+
+
+class AssistantMessageEvent(Tagged, frozen=True, kw_only=True, tag="assistant_message"):
+    record: MessageRecord
+
+
+class ToolCallEvent(Tagged, frozen=True, kw_only=True, tag="tool_call"):
+    record: MessageRecord
+
+
+class ToolResultEvent(Tagged, frozen=True, kw_only=True, tag="tool_result"):
+    record: MessageRecord
+
+
+class ToolFailed(Tagged, frozen=True, kw_only=True):
+    record: MessageRecord  # a ToolResult with is_error=True
+
+
+class Interrupted(Tagged, frozen=True, kw_only=True):
+    turn_id: str | None = None
+
+
+class ErrorEvent(Tagged, frozen=True, kw_only=True, tag="error"):
+    record: MessageRecord
+
+
+class ConversationClosing(Tagged, frozen=True, kw_only=True):
+    reason: str = "deleted"
+
+
+class CompactionTriggered(Tagged, frozen=True, kw_only=True):
+    dropped_items: int
+    summary: str | None = None
+
+
+DurableEvent = (
+    UserMessageEvent
+    | AssistantMessageEvent
+    | ToolCallEvent
+    | ToolResultEvent
+    | ToolFailed
+    | Interrupted
+    | ErrorEvent
+    | ConversationClosing
+    | CompactionTriggered
+)
+
+
+# Agent events: the conversation list.
+
+
+class Created(Tagged, frozen=True, kw_only=True):
+    conversation: ConversationRecord
+
+
+class Deleted(Tagged, frozen=True, kw_only=True):
+    conversation_id: str
+
+
+class Renamed(Tagged, frozen=True, kw_only=True):
+    conversation_id: str
+    title: str | None
+    updated_at: float
+
+
+class Touched(Tagged, frozen=True, kw_only=True):
+    conversation_id: str
+    updated_at: float
+
+
+AgentEvent = Created | Deleted | Renamed | Touched
+
+
+# Online events: live only, never stored, no cursor.
+
+
+class Working(Tagged, frozen=True, kw_only=True):
+    turn_id: str | None = None
+
+
+class End(Tagged, frozen=True, kw_only=True):
+    turn_id: str | None = None
+
+
+class StartReasoning(Tagged, frozen=True, kw_only=True):
+    pass
+
+
+class AppendReasoning(Tagged, frozen=True, kw_only=True):
+    text: str
+
+
+class StartResponse(Tagged, frozen=True, kw_only=True):
+    pass
+
+
+class AppendText(Tagged, frozen=True, kw_only=True):
+    text: str
+
+
+class AppendImage(Tagged, frozen=True, kw_only=True):
+    data: str
+    mime: str = "image/png"
+
+
+OnlineEvent = Working | End | StartReasoning | AppendReasoning | StartResponse | AppendText | AppendImage
+
+Event = DurableEvent | AgentEvent | OnlineEvent
+
+DURABLE_EVENT_TYPES: tuple[type, ...] = DurableEvent.__args__  # type: ignore[attr-defined]
+AGENT_EVENT_TYPES: tuple[type, ...] = AgentEvent.__args__  # type: ignore[attr-defined]
+ONLINE_EVENT_TYPES: tuple[type, ...] = OnlineEvent.__args__  # type: ignore[attr-defined]
+
+
+class CommonEvent(Wire, frozen=True, kw_only=True):
+    cursor: Cursor | None  # None for online events
+    conversation_id: str | None
+    event: Event
+
+    @property
+    def type(self) -> str:
+        return event_type(self.event)
+
+
+def event_type(event: Event) -> str:
+    """The snake_case ``type`` tag of an event (also the SSE ``event:`` name)."""
+    return type(event).__struct_config__.tag  # type: ignore[return-value]
+
+
+# --- snapshots -----------------------------------------------------------------------------------
+
+
+class ConversationsSnapshot(Wire, frozen=True, kw_only=True):
+    cursor: Cursor
+    conversations: list[ConversationRecord]
+
+
+class ChatSnapshot(Wire, frozen=True, kw_only=True):
+    cursor: Cursor
+    conversation: ConversationRecord
+    messages: list[MessageRecord]
+
+
+# --- codecs, built once --------------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+encode = _encoder.encode
+
+decode_common_event = msgspec.json.Decoder(CommonEvent).decode
+decode_event = msgspec.json.Decoder(Event).decode
+decode_message = msgspec.json.Decoder(Message).decode
+decode_message_record = msgspec.json.Decoder(MessageRecord).decode
+decode_conversation = msgspec.json.Decoder(ConversationRecord).decode
+decode_content_list = msgspec.json.Decoder(list[Content]).decode
+decode_working_item = msgspec.json.Decoder(WorkingItem).decode
+
+T = TypeVar("T")
+
+
+def convert_input(data: Any, into: type[T]) -> T:
+    """Validate already-parsed data (e.g. a JSON body) into a wire type.
+
+    Raises InvalidInputError carrying msgspec's message, which names the offending path.
+    """
+    try:
+        return msgspec.convert(data, into)
+    except msgspec.ValidationError as exc:
+        raise InvalidInputError(str(exc)) from None
+
+
+def decode_input(raw: bytes | str, into: type[T]) -> T:
+    """Decode and validate JSON into a wire type; InvalidInputError on bad JSON or bad shape."""
+    try:
+        return msgspec.json.decode(raw, type=into)
+    except msgspec.ValidationError as exc:
+        raise InvalidInputError(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"invalid JSON: {exc}") from None
