@@ -172,7 +172,9 @@ class Cursor(Wire, frozen=True, kw_only=True):
         """Parse ``EPOCH:OFFSET``; raises InvalidInputError naming the problem."""
         epoch, sep, offset = text.rpartition(":")
         if not sep or not epoch or not offset.isdigit():
-            raise InvalidInputError(f"cursor must be EPOCH:OFFSET with a non-negative offset, got {text!r}")
+            raise InvalidInputError(
+                f"cursor must be EPOCH:OFFSET with a non-negative offset, got {text!r}"
+            )
         return cls(epoch=epoch, offset=int(offset))
 
 
@@ -291,9 +293,9 @@ OnlineEvent = Working | End | StartReasoning | AppendReasoning | StartResponse |
 
 Event = DurableEvent | AgentEvent | OnlineEvent
 
-DURABLE_EVENT_TYPES: tuple[type, ...] = DurableEvent.__args__  # type: ignore[attr-defined]
-AGENT_EVENT_TYPES: tuple[type, ...] = AgentEvent.__args__  # type: ignore[attr-defined]
-ONLINE_EVENT_TYPES: tuple[type, ...] = OnlineEvent.__args__  # type: ignore[attr-defined]
+DURABLE_EVENT_TYPES: tuple[type, ...] = DurableEvent.__args__
+AGENT_EVENT_TYPES: tuple[type, ...] = AgentEvent.__args__
+ONLINE_EVENT_TYPES: tuple[type, ...] = OnlineEvent.__args__
 
 
 class CommonEvent(Wire, frozen=True, kw_only=True):

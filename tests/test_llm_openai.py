@@ -269,6 +269,70 @@ async def test_unanswered_calls_are_not_sent_on_the_next_round() -> None:
     assert messages[2:] == [{"role": "tool", "tool_call_id": "c1", "content": "1"}]
 
 
+def _chunk(delta: dict[str, object], finish: str | None = None) -> str:
+    return json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+    )
+
+
+async def test_llama_cpp_style_repeated_ids_and_missing_ids() -> None:
+    """Servers that repeat id/name in every delta (assigned, never appended), or send none."""
+
+    def call(index: int, call_id: str | None, name: str, arguments: str) -> str:
+        fragment: dict[str, object] = {
+            "index": index,
+            "function": {"name": name, "arguments": arguments},
+        }
+        if call_id is not None:
+            fragment["id"] = call_id
+        return _chunk({"tool_calls": [fragment]})
+
+    async with open_scripted_openai() as server:
+        server.push(
+            Raw(
+                [
+                    _chunk({"role": "assistant", "content": None}),
+                    call(0, "c1", "add", '{"a"'),
+                    call(0, "c1", "add", ": 1}"),
+                    call(1, None, "now", "{}"),
+                    _chunk({}, "tool_calls"),
+                    "[DONE]",
+                ]
+            )
+        )
+        llm = make_llm(server)
+        try:
+            conv = await llm.open([], [ADD])
+            deltas = await collect(conv, user("go"))
+        finally:
+            await llm.aclose()
+    assert assemble(deltas) == {
+        0: {"id": "c1", "name": "add", "arguments": '{"a": 1}'},
+        1: {"id": "call_1", "name": "now", "arguments": "{}"},
+    }
+    assert deltas[-1] == FinishDelta("tool_calls")
+    assert [c["id"] for c in conv.messages[-1]["tool_calls"]] == ["c1", "call_1"]
+    assert not any(isinstance(d, UsageDelta) for d in deltas)
+
+
+async def test_stream_without_finish_reason_ends_with_none() -> None:
+    async with open_scripted_openai() as server:
+        server.push(Raw([_chunk({"content": "cut"}), "[DONE]"]))
+        llm = make_llm(server)
+        try:
+            conv = await llm.open([], [])
+            deltas = await collect(conv, user("go"))
+        finally:
+            await llm.aclose()
+    assert deltas == [TextDelta("cut"), FinishDelta(None)]
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 
@@ -631,7 +695,7 @@ async def test_aclose_closes_the_client() -> None:
             await collect(conv, user("again"))
 
 
-def test_from_config() -> None:
+async def test_from_config() -> None:
     cfg = Config(
         openai_base_url="http://example.invalid/v1",
         openai_api_key=None,
@@ -641,12 +705,18 @@ def test_from_config() -> None:
         context_window=0,
     )
     llm = OpenAiLlm.from_config(cfg)
-    assert llm.model == "m1"
-    assert llm.context_window is None
-    assert llm.max_retries == 1
-    assert llm.client.api_key == "none"
-    assert str(llm.client.base_url).startswith("http://example.invalid/v1")
-    assert OpenAiLlm.from_config(cfg.replace(context_window=8192)).context_window == 8192
+    sized = OpenAiLlm.from_config(cfg.replace(context_window=8192, openai_api_key="sk-x"))
+    try:
+        assert llm.model == "m1"
+        assert llm.context_window is None
+        assert llm.max_retries == 1 and llm.client.max_retries == 1
+        assert llm.client.api_key == "none"
+        assert str(llm.client.base_url).startswith("http://example.invalid/v1")
+        assert sized.context_window == 8192
+        assert sized.client.api_key == "sk-x"
+    finally:
+        await llm.aclose()
+        await sized.aclose()
 
 
 # --- the scripted server itself ------------------------------------------------------------------

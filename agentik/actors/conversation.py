@@ -75,6 +75,7 @@ class ConversationHandle:
     inbox: trio.MemoryReceiveChannel[MailboxMessage]
     closed: bool = False
     failed: bool = False
+    failed_until: float = 0.0
     current: Turn | None = None
     turn_scope: trio.CancelScope | None = None
     interrupt_requested: bool = False
@@ -370,20 +371,26 @@ async def supervise(
                     turn = handle.current
                     handle.current = None
                     handle.turn_scope = None
-                    if turn is not None:
-                        await _record_crash(actor, turn, exc)
                     now = time.monotonic()
                     handle.crashes.append(now)
                     while handle.crashes and handle.crashes[0] < now - cfg.restart_period:
                         handle.crashes.popleft()
-                    if len(handle.crashes) > cfg.restart_limit:
+                    # Decide before recording: once the crash's events are out, a client may
+                    # send again at once and must already see the failed state.
+                    handle.failed = len(handle.crashes) > cfg.restart_limit
+                    handle.failed_until = now + cfg.restart_period
+                    if turn is not None:
+                        await _record_crash(actor, turn, exc)
+                    if handle.failed:
                         log.error("conversation %s failed: %d crashes in %g s",
                                   handle.conversation_id, len(handle.crashes), cfg.restart_period)
-                        handle.failed = True
                         await _fail_queued(handle)
                         return
     finally:
-        deps.forget(handle)
+        # A failed conversation stays registered as a tombstone (sends get
+        # ConversationFailedError) until its restart period has passed; see Registry.get.
+        if not handle.failed:
+            deps.forget(handle)
         handle.exited.set()
 
 

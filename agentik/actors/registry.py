@@ -61,6 +61,9 @@ class Registry:
         """The live handle, cold-loading the conversation if it exists. None if unknown."""
         while True:
             handle = self.live.get(conversation_id)
+            if handle is not None and handle.failed and time.monotonic() >= handle.failed_until:
+                self.forget(handle)  # the circuit opens again: a fresh actor gets a new chance
+                handle = None
             if handle is not None and not handle.closed:
                 return handle
             loading = self._loading.get(conversation_id)
@@ -102,4 +105,5 @@ class Registry:
         if handle.actor_scope is not None:
             handle.actor_scope.cancel()
         await handle.exited.wait()
+        self.forget(handle)
 

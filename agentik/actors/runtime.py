@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -85,7 +85,7 @@ async def open_runtime(
     own_llm = llm is None
     the_llm = make_llm(config) if llm is None else llm
     try:
-        async with trio.open_nursery() as root:
+        async with _unwrap_single(), trio.open_nursery() as root:
             storage: Storage = await root.start(
                 partial(
                     run_storage,
@@ -117,3 +117,25 @@ async def open_runtime(
         if own_llm:
             with trio.CancelScope(shield=True):
                 await the_llm.aclose()
+
+
+@asynccontextmanager
+async def _unwrap_single() -> AsyncIterator[None]:
+    """Nurseries wrap every error in an ExceptionGroup. When exactly one error escapes (a start-up
+    StorageError, or the caller's own exception from the ``async with`` body), re-raise it bare so
+    callers can catch what they expect."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc

@@ -239,8 +239,10 @@ def _append_memory(
     source_message_id: str | None,
 ) -> None:
     conn.execute(
-        "INSERT INTO working_memory (conversation_id, order_idx, source_message_id, created_at, payload) "
-        "VALUES (?, (SELECT COALESCE(MAX(order_idx), 0) + 1 FROM working_memory WHERE conversation_id=?), ?, ?, ?)",
+        "INSERT INTO working_memory "
+        "(conversation_id, order_idx, source_message_id, created_at, payload) VALUES "
+        "(?, (SELECT COALESCE(MAX(order_idx), 0) + 1 FROM working_memory WHERE conversation_id=?), "
+        "?, ?, ?)",
         (conversation_id, conversation_id, source_message_id, tx.now, encode(item)),
     )
 
@@ -291,11 +293,12 @@ def apply_op(conn: sqlite3.Connection, tx: _Tx, op: ops.AnyOp) -> Any:
                 (op.conversation_id, op.title, int(op.is_temporal), op.now, op.now, seq),
             )
             _append_memory(conn, tx, op.conversation_id, SystemItem(text=op.system_prompt), None)
-            record = _record(conn, op.conversation_id)
-            _emit(conn, tx, seq, op.conversation_id, Created(conversation=record), kind="agent")
-            return record
+            created = _record(conn, op.conversation_id)
+            _emit(conn, tx, seq, op.conversation_id, Created(conversation=created), kind="agent")
+            return created
         case ops.DeleteConversation():
-            if conn.execute("SELECT 1 FROM conversation WHERE id=?", (op.conversation_id,)).fetchone() is None:
+            exists = conn.execute("SELECT 1 FROM conversation WHERE id=?", (op.conversation_id,))
+            if exists.fetchone() is None:
                 return False
             _delete(conn, tx, op.conversation_id, "deleted")
             return True
@@ -384,7 +387,8 @@ def apply_op(conn: sqlite3.Connection, tx: _Tx, op: ops.AnyOp) -> Any:
             )
             if op.summary is not None and first is not None:
                 conn.execute(
-                    "INSERT INTO working_memory (conversation_id, order_idx, source_message_id, created_at, payload) "
+                    "INSERT INTO working_memory "
+                    "(conversation_id, order_idx, source_message_id, created_at, payload) "
                     "VALUES (?, ?, NULL, ?, ?)",
                     (op.conversation_id, first, tx.now, encode(op.summary)),
                 )

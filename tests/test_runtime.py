@@ -1,0 +1,449 @@
+"""The runtime end to end, in-process: real openai SDK against the scripted server, real SQLite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import pytest
+import trio
+import trio.testing
+
+import agentik
+from agentik import Config, open_runtime
+from agentik.errors import ConversationFailedError, MailboxFullError, NotFoundError
+from agentik.llm.base import LiteConversation, LlmDelta, ToolSpec
+from agentik.llm.openai import OpenAiLlm
+from agentik.tools.base import FunctionTools
+from agentik.wire import (
+    AssistantMessage,
+    CommonEvent,
+    Content,
+    Cursor,
+    Error,
+    Text,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+    WorkingItem,
+)
+from tests.scripted_openai import Fail, Hang, Reply, ScriptedOpenAI, ToolCalls
+
+
+async def take_until(
+    it: AsyncIterator[CommonEvent], stop: Callable[[CommonEvent], bool], seconds: float = 10
+) -> list[CommonEvent]:
+    out: list[CommonEvent] = []
+    with trio.fail_after(seconds):
+        async for ev in it:
+            out.append(ev)
+            if stop(ev):
+                return out
+    return out
+
+
+async def watch(
+    nursery: trio.Nursery, it: AsyncIterator[CommonEvent], stop: Callable[[CommonEvent], bool]
+) -> list[CommonEvent]:
+    """Start consuming ``it`` in a task and return once it is subscribed (async generators
+    subscribe on their first step); the list fills as events arrive."""
+    out: list[CommonEvent] = []
+
+    async def run() -> None:
+        out.extend(await take_until(it, stop))
+
+    nursery.start_soon(run)
+    await trio.testing.wait_all_tasks_blocked()
+    return out
+
+
+def is_type(*names: str) -> Callable[[CommonEvent], bool]:
+    return lambda ev: ev.type in names
+
+
+async def run_turn(agent: agentik.LocalAgent, conv: agentik.LocalConversation, text: str,
+                   ) -> list[CommonEvent]:
+    """Send and return the conversation's durable events up to and including Touched."""
+    cursor = await agent.outbox.current_cursor()
+    await conv.send(text)
+    return await take_until(agent.outbox.conversation_events(cursor, conv.id), is_type("touched"))
+
+
+async def test_plain_turn_online_and_durable_events(config: Config, scripted: ScriptedOpenAI) -> None:
+    scripted.push(Reply(["Hello", " there", "!"], usage=(12, 3)))
+    async with open_runtime(config) as agent:
+        conv = await agent.create_conversation()
+        cursor = await agent.outbox.current_cursor()
+        online = agent.online_outbox.online_events(conv.id)
+        async with trio.open_nursery() as n:
+            seen: list[CommonEvent] = []
+
+            async def watch() -> None:
+                seen.extend(await take_until(online, is_type("end")))
+
+            n.start_soon(watch)
+            await trio.testing.wait_all_tasks_blocked()
+            message_id = await conv.send("hi")
+        assert [e.type for e in seen] == ["working", "start_response", "append_text",
+                                          "append_text", "append_text", "end"]
+        assert all(e.cursor is None for e in seen)
+        durable = await take_until(agent.outbox.conversation_events(cursor, conv.id),
+                                   is_type("touched"))
+        assert [e.type for e in durable] == ["user_message", "assistant_message", "touched"]
+        offsets = [e.cursor.offset for e in durable if e.cursor]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 3
+        assert durable[0].event.record.id == message_id  # type: ignore[union-attr]
+        answer = durable[1].event.record.message  # type: ignore[union-attr]
+        assert isinstance(answer, AssistantMessage)
+        assert answer.content == [Text(body="Hello there!")]
+        assert answer.tokens is not None and (answer.tokens.prompt, answer.tokens.completion) == (12, 3)
+        messages = await conv.get_messages()
+        assert [type(m.message) for m in messages] == [UserMessage, AssistantMessage]
+        # the record seq equals the event offset
+        assert [m.seq for m in messages] == offsets[:2]
+        snap = await agent.chat_snapshot(conv.id)
+        assert snap.cursor.offset >= offsets[-1] and snap.conversation.seq == offsets[-1]
+        assert scripted.requests[0]["messages"][0] == {"role": "system",
+                                                       "content": "You are a test assistant."}
+
+
+async def test_resume_after_runtime_restart(config: Config, scripted: ScriptedOpenAI) -> None:
+    async with open_runtime(config) as agent:
+        conv = await agent.create_conversation()
+        start = await agent.outbox.current_cursor()
+        await run_turn(agent, conv, "one")
+        middle = await agent.outbox.current_cursor()
+    async with open_runtime(config) as agent:
+        assert (await agent.outbox.current_cursor()) == middle
+        conv2 = await agent.get_conversation(conv.id)
+        assert conv2 is not None
+        await run_turn(agent, conv2, "two")
+        # a cursor from before the restart resumes with every event, no gap, no duplicate
+        events = await take_until(agent.outbox.events(start), lambda e: e.cursor == middle)
+        assert [e.cursor.offset for e in events if e.cursor] == list(
+            range(start.offset + 1, middle.offset + 1))
+        after = await take_until(agent.outbox.events(middle), is_type("touched"))
+        assert [e.type for e in after] == ["user_message", "assistant_message", "touched"]
+        # the model got the history stored before the restart
+        assert [m["content"] for m in scripted.requests[-1]["messages"]] == [
+            "You are a test assistant.", "one", "echo: one", "two"]
+
+
+async def test_interrupt_mid_stream_keeps_what_was_seen(config: Config, scripted: ScriptedOpenAI) -> None:
+    gate = trio.Event()
+    scripted.push(Reply(["Partial ", "answer ", "never"], gate=gate), Reply("fine"))
+    async with open_runtime(config) as agent:
+        conv = await agent.create_conversation()
+        cursor = await agent.outbox.current_cursor()
+        async with trio.open_nursery() as n:
+            seen = await watch(n, agent.online_outbox.online_events(conv.id), is_type("end"))
+            async with trio.open_nursery() as n2:
+                first = await watch(n2, agent.online_outbox.online_events(conv.id),
+                                    is_type("append_text"))
+                await conv.send("tell me")
+            assert first[-1].event.text == "Partial "  # type: ignore[union-attr]
+            assert await conv.interrupt() is True
+        assert seen[-1].type == "end"
+        durable = await take_until(agent.outbox.conversation_events(cursor, conv.id),
+                                   is_type("touched"))
+        assert [e.type for e in durable] == ["user_message", "assistant_message", "interrupted",
+                                             "touched"]
+        partial = durable[1].event.record.message  # type: ignore[union-attr]
+        assert isinstance(partial, AssistantMessage) and partial.interrupted
+        assert partial.content == [Text(body="Partial ")]
+        with trio.fail_after(10):
+            await scripted.wait_idle()  # the cancelled stream was closed
+        assert await conv.interrupt() is False  # nothing running now
+        # the conversation goes on, and the model sees what the user saw
+        await run_turn(agent, conv, "again")
+        assert [m["content"] for m in scripted.requests[-1]["messages"]][1:] == [
+            "tell me", "Partial ", "again"]
+
+
+async def test_llm_failure_then_a_working_turn(config: Config, scripted: ScriptedOpenAI) -> None:
+    scripted.push(Fail(500, "model exploded"), Reply("recovered"))
+    async with open_runtime(config) as agent:
+        conv = await agent.create_conversation()
+        async with trio.open_nursery() as n:
+            ended = await watch(n, agent.online_outbox.online_events(conv.id), is_type("end"))
+            events = await run_turn(agent, conv, "first")
+        assert [e.type for e in events] == ["user_message", "error", "touched"]
+        error = events[1].event.record.message  # type: ignore[union-attr]
+        assert isinstance(error, Error) and "500" in error.message and "model exploded" in error.message
+        assert [e.type for e in ended] == ["working", "end"]
+        events = await run_turn(agent, conv, "second")
+        assert [e.type for e in events] == ["user_message", "assistant_message", "touched"]
+        # the Error is in the journal but not in working memory: the model never sees it
+        assert [m["content"] for m in scripted.requests[-1]["messages"]] == [
+            "You are a test assistant.", "first", "second"]
+        assert [type(m.message) for m in await conv.get_messages()] == [
+            UserMessage, Error, UserMessage, AssistantMessage]
+
+
+async def test_unreachable_llm_ends_turn_with_error(db_path: str) -> None:
+    with trio.socket.socket() as s:  # a port nobody listens on
+        await s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = Config(db_path=db_path, openai_base_url=f"http://127.0.0.1:{port}/v1", llm_max_retries=0)
+    async with open_runtime(cfg) as agent:
+        conv = await agent.create_conversation()
+        events = await run_turn(agent, conv, "hello?")
+        assert [e.type for e in events] == ["user_message", "error", "touched"]
+        assert events[1].event.record.message.code == "llm_connection"  # type: ignore[union-attr]
+
+
+class CrashingLlm:
+    """The real backend, except that a user message "crash!" raises a bug-like exception inside
+    the turn (what a defect in our own code would look like to the supervisor)."""
+
+    def __init__(self, inner: OpenAiLlm) -> None:
+        self.inner = inner
+        self.supports_images = inner.supports_images
+        self.context_window = inner.context_window
+
+    async def open(self, history: Sequence[WorkingItem], tools: Sequence[ToolSpec]) -> LiteConversation:
+        return _CrashingConv(await self.inner.open(history, tools))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _CrashingConv:
+    def __init__(self, inner: LiteConversation) -> None:
+        self.inner = inner
+
+    async def send_stream(self, content: Sequence[Content] | None) -> AsyncIterator[LlmDelta]:
+        if content and isinstance(content[0], Text) and content[0].body == "crash!":
+            raise RuntimeError("simulated defect")
+        async for delta in self.inner.send_stream(content):
+            yield delta
+
+    def add_tool_result(self, call_id: str, name: str, result: str) -> None:
+        self.inner.add_tool_result(call_id, name, result)
+
+    async def interrupt(self) -> None:
+        await self.inner.interrupt()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_actor_crash_is_contained_and_restarted(config: Config) -> None:
+    cfg = config.replace(restart_limit=2, restart_period=60)
+    async with open_runtime(cfg, llm=CrashingLlm(OpenAiLlm.from_config(cfg))) as agent:
+        a = await agent.create_conversation()
+        b = await agent.create_conversation()
+        events = await run_turn(agent, a, "crash!")
+        assert [e.type for e in events] == ["user_message", "error", "touched"]
+        assert events[1].event.record.message.code == "crash"  # type: ignore[union-attr]
+        # the other conversation never noticed
+        events_b = await run_turn(agent, b, "hello b")
+        assert [e.type for e in events_b] == ["user_message", "assistant_message", "touched"]
+        # the crashed one was restarted from working memory and works
+        events = await run_turn(agent, a, "hello a")
+        assert events[1].event.record.message.content == [Text(body="echo: hello a")]  # type: ignore[union-attr]
+        # a crash loop stops at the limit
+        await run_turn(agent, a, "crash!")
+        await run_turn(agent, a, "crash!")
+        with pytest.raises(ConversationFailedError):
+            await a.send("anyone?")
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(ConversationFailedError):  # it stays failed for restart_period
+            await a.send("anyone?")
+        events_b = await run_turn(agent, b, "still fine")
+        assert events_b[1].type == "assistant_message"
+
+
+async def test_cold_load_after_passivation_gives_same_history(
+    config: Config, scripted: ScriptedOpenAI
+) -> None:
+    cfg = config.replace(idle_timeout=0.05)
+    async with open_runtime(cfg) as agent:
+        conv = await agent.create_conversation()
+        await run_turn(agent, conv, "one")
+        await run_turn(agent, conv, "two")
+        warm_history = scripted.requests[-1]["messages"]
+        with trio.fail_after(10):
+            while conv.id in agent._registry.live:  # noqa: ASYNC110 - bounded wait for idle timeout
+                await trio.sleep(0.01)
+        await run_turn(agent, conv, "three")
+        cold_history = scripted.requests[-1]["messages"]
+        assert cold_history[: len(warm_history)] == warm_history
+        assert cold_history[len(warm_history):] == [
+            {"role": "assistant", "content": "echo: two"}, {"role": "user", "content": "three"}]
+
+
+async def test_mailbox_full_is_refused_without_storing(config: Config, scripted: ScriptedOpenAI) -> None:
+    gate = trio.Event()
+    scripted.push(Reply(["a", "b"], gate=gate))
+    async with open_runtime(config.replace(mailbox_size=1)) as agent:
+        conv = await agent.create_conversation()
+        await conv.send("running")
+        with trio.fail_after(10):
+            await scripted.wait_requests(1)  # the first turn left the mailbox
+        await conv.send("queued")
+        with pytest.raises(MailboxFullError) as info:
+            await conv.send("refused")
+        assert info.value.retry_after > 0
+        gate.set()
+        with trio.fail_after(10):
+            while len(await conv.get_messages()) < 4:  # noqa: ASYNC110 - polls the journal
+                await trio.sleep(0.01)
+        texts = [m.message.content[0].body for m in await conv.get_messages()  # type: ignore[union-attr]
+                 if isinstance(m.message, UserMessage)]
+        assert texts == ["running", "queued"]
+
+
+async def test_tool_loop(config: Config, scripted: ScriptedOpenAI) -> None:
+    tools = FunctionTools()
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    async def hang() -> str:
+        await trio.sleep_forever()
+        return ""
+
+    tools.add(add, parameters={"type": "object", "properties": {"a": {"type": "integer"},
+                                                                "b": {"type": "integer"}}})
+    tools.add(hang)
+    scripted.push(
+        ToolCalls([("c1", "add", '{"a": 2, "b": 3}'), ("c2", "nope", "{}"),
+                   ("c3", "add", "{not json"), ("c4", "hang", "{}")], text_before="Checking. "),
+        Reply("It is 5."),
+    )
+    async with open_runtime(config.replace(tool_timeout=0.2), tools=tools) as agent:
+        conv = await agent.create_conversation()
+        events = await run_turn(agent, conv, "what is 2+3?")
+        assert [e.type for e in events] == [
+            "user_message", "tool_call", "tool_call", "tool_call", "tool_call",
+            "tool_result", "tool_failed", "tool_failed", "tool_failed", "assistant_message",
+            "touched"]
+        results = [e.event.record.message for e in events if e.type.startswith("tool_")  # type: ignore[union-attr]
+                   and isinstance(e.event.record.message, ToolResult)]  # type: ignore[union-attr]
+        assert results[0].content == "5"
+        assert "unknown tool" in results[1].content
+        assert "not valid JSON" in results[2].content
+        assert "timed out" in results[3].content
+        answer = events[-2].event.record.message  # type: ignore[union-attr]
+        assert answer.content == [Text(body="Checking. It is 5.")]
+        # the second model request carried the assistant's tool calls and every result
+        second = scripted.requests[1]
+        assert second["tools"][0]["function"]["name"] == "add"
+        tool_msgs = [m for m in second["messages"] if m["role"] == "tool"]
+        assert [m["tool_call_id"] for m in tool_msgs] == ["c1", "c2", "c3", "c4"]
+        calls = [m.message for m in await conv.get_messages() if isinstance(m.message, ToolCall)]
+        assert [c.name for c in calls] == ["add", "nope", "add", "hang"]
+
+
+async def test_tool_round_limit(config: Config, scripted: ScriptedOpenAI) -> None:
+    tools = FunctionTools()
+    tools.add(lambda: "again", name="loop")
+    scripted.push(*[ToolCalls([(f"c{i}", "loop", "{}")]) for i in range(3)])
+    async with open_runtime(config.replace(max_tool_rounds=2), tools=tools) as agent:
+        conv = await agent.create_conversation()
+        events = await run_turn(agent, conv, "go")
+        assert events[-2].type == "error"
+        assert events[-2].event.record.message.code == "tool_rounds"  # type: ignore[union-attr]
+
+
+async def test_rename_delete_and_temporary(config: Config) -> None:
+    async with open_runtime(config) as agent:
+        keep = await agent.create_conversation(title="first")
+        temp = await agent.create_conversation(temp=True)
+        assert temp.is_temporal
+        cursor = await agent.outbox.current_cursor()
+        renamed = await agent.rename_conversation(keep.id, "better")
+        assert renamed.title == "better" and renamed.updated_at >= keep.record.updated_at
+        await run_turn(agent, keep, "hello")
+        snap = await agent.conversations_snapshot()
+        assert snap.conversations[0].id == keep.id  # most recently updated first
+        assert await agent.delete_conversation(keep.id) is True
+        assert await agent.delete_conversation(keep.id) is False
+        assert await agent.get_conversation(keep.id) is None
+        with pytest.raises(NotFoundError):
+            await keep.send("gone?")
+        with pytest.raises(NotFoundError):
+            await agent.rename_conversation(keep.id, "x")
+        assert await agent.journal.count(conversation_id=keep.id) == 0
+        agent_events = await take_until(agent.outbox.agent_events(cursor), is_type("deleted"))
+        assert [e.type for e in agent_events] == ["renamed", "touched", "deleted"]
+        conv_events = await take_until(agent.outbox.conversation_events(cursor, keep.id),
+                                       is_type("deleted"))
+        assert conv_events[-2].type == "conversation_closing"
+        before_restart = await agent.outbox.current_cursor()
+    async with open_runtime(config) as agent:
+        assert await agent.get_conversation(temp.id) is None  # temporary: gone after a restart
+        events = await take_until(agent.outbox.agent_events(before_restart), is_type("deleted"))
+        assert events[-1].event.conversation_id == temp.id  # type: ignore[union-attr]
+
+
+async def test_shutdown_mid_turn_ends_it_with_a_terminal_record(
+    config: Config, scripted: ScriptedOpenAI
+) -> None:
+    scripted.push(Hang(text_before="Thinking about"))
+    async with open_runtime(config) as agent:
+        conv = await agent.create_conversation()
+        async with trio.open_nursery() as n:
+            await watch(n, agent.online_outbox.online_events(conv.id), is_type("append_text"))
+            await conv.send("question")
+    async with open_runtime(config) as agent:
+        messages = await agent.journal.list(conversation_id=conv.id)
+        kinds = [type(m.message).__name__ for m in messages]
+        assert kinds == ["UserMessage", "AssistantMessage", "Error"]
+        assert messages[1].message.interrupted  # type: ignore[union-attr]
+        assert messages[2].message.code == "cancelled"  # type: ignore[union-attr]
+
+
+CHILD = textwrap.dedent("""
+    import sys, trio, agentik
+    async def main():
+        cfg = agentik.Config(db_path=sys.argv[1], openai_base_url=sys.argv[2], llm_max_retries=0)
+        async with agentik.open_runtime(cfg) as agent:
+            conv = await agent.create_conversation()
+            online = agent.online_outbox.online_events(conv.id)
+            await conv.send("are you there?")
+            async for ev in online:
+                if ev.type == "append_text":
+                    break
+            print(conv.id, flush=True)
+            await trio.sleep_forever()
+    trio.run(main)
+""")
+
+
+async def test_process_killed_mid_turn_gets_terminal_record_on_restart(
+    config: Config, scripted: ScriptedOpenAI
+) -> None:
+    scripted.push(Hang(text_before="Let me"))
+    with trio.fail_after(60):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-c", CHILD, config.db_path, scripted.base_url],
+            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
+        try:
+            assert proc.stdout is not None
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(1024)
+                assert chunk, "child exited early"
+                line += chunk
+        finally:
+            proc.kill()  # SIGKILL: no cleanup at all
+            await proc.wait()
+    conv_id = line.decode().strip()
+    async with open_runtime(config) as agent:
+        messages = await agent.journal.list(conversation_id=conv_id)
+        assert [type(m.message).__name__ for m in messages] == ["UserMessage", "Error"]
+        error = messages[1].message
+        assert isinstance(error, Error) and error.message == "interrupted by restart"
+        assert error.turn_id == messages[0].id
+        events = await take_until(
+            agent.outbox.conversation_events(Cursor(epoch=agent.id, offset=0), conv_id),
+            is_type("touched"))
+        assert "error" in [e.type for e in events]
+

@@ -1,0 +1,109 @@
+"""Wire types: every type round-trips through JSON; malformed input names the field."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from agentik import wire as w
+from agentik.errors import InvalidInputError
+
+RECORD = w.MessageRecord(
+    id="m1", seq=7, conversation_id="c1", created_at=1.5,
+    message=w.UserMessage(
+        content=[w.Text(body="hi"), w.Image(data="aGk=", mime="image/png")],
+        context=w.MessageContext(origin=w.MessageOrigin(kind="agent", id="parent"),
+                                 metadata={"k": "v"}),
+    ),
+)
+CONV = w.ConversationRecord(id="c1", title="t", is_temporal=False, created_at=1.0,
+                            updated_at=2.0, seq=3)
+
+EVENTS: list[w.Event] = [
+    w.UserMessageEvent(record=RECORD),
+    w.AssistantMessageEvent(record=RECORD),
+    w.ToolCallEvent(record=RECORD),
+    w.ToolResultEvent(record=RECORD),
+    w.ToolFailed(record=RECORD),
+    w.Interrupted(turn_id="m1"),
+    w.ErrorEvent(record=RECORD),
+    w.ConversationClosing(reason="deleted"),
+    w.CompactionTriggered(dropped_items=3, summary="s"),
+    w.Created(conversation=CONV),
+    w.Deleted(conversation_id="c1"),
+    w.Renamed(conversation_id="c1", title="x", updated_at=3.0),
+    w.Touched(conversation_id="c1", updated_at=3.0),
+    w.Working(turn_id="m1"),
+    w.End(turn_id="m1"),
+    w.StartReasoning(),
+    w.AppendReasoning(text="r"),
+    w.StartResponse(),
+    w.AppendText(text="t"),
+    w.AppendImage(data="aGk=", mime="image/jpeg"),
+]
+
+MESSAGES: list[w.Message] = [
+    RECORD.message,
+    w.AssistantMessage(content=[w.Text(body="a")], reasoning="r",
+                       tokens=w.TurnTokens(prompt=1, completion=2), interrupted=True, turn_id="m1"),
+    w.ToolCall(call_id="c", name="n", arguments="{}"),
+    w.ToolResult(call_id="c", name="n", content="x", is_error=True, structured={"a": 1}),
+    w.Error(message="boom", code="llm"),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: type(e).__name__)
+def test_common_event_round_trip(event: w.Event) -> None:
+    common = w.CommonEvent(cursor=w.Cursor(epoch="e", offset=5), conversation_id="c1", event=event)
+    raw = w.encode(common)
+    assert w.decode_common_event(raw) == common
+    assert msgspec.json.decode(raw)["event"]["type"] == w.event_type(event)
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_message_round_trip(message: w.Message) -> None:
+    assert w.decode_message(w.encode(message)) == message
+
+
+def test_tags_are_snake_case() -> None:
+    tags = {w.event_type(e) for e in EVENTS}
+    assert {"user_message", "tool_failed", "conversation_closing", "compaction_triggered",
+            "start_reasoning", "append_text", "touched"} <= tags
+    assert all(t == t.lower() and " " not in t for t in tags)
+
+
+def test_working_items_round_trip() -> None:
+    items: list[w.WorkingItem] = [
+        w.SystemItem(text="s"), w.UserItem(content=[w.Text(body="u")]),
+        w.AssistantItem(content=[], tool_calls=[w.ToolCallSpec(call_id="1", name="f",
+                                                               arguments="{}")]),
+        w.ToolItem(call_id="1", name="f", content="r"), w.SummaryItem(text="sum"),
+    ]
+    for item in items:
+        assert w.decode_working_item(w.encode(item)) == item
+
+
+def test_malformed_input_names_the_field() -> None:
+    with pytest.raises(InvalidInputError, match=r"\$\.content\[0\]\.body"):
+        w.decode_input(b'{"content": [{"type": "text", "body": 1}]}', w.UserMessage)
+    with pytest.raises(InvalidInputError, match="type"):
+        w.decode_input(b'{"content": [{"type": "video"}]}', w.UserMessage)
+    with pytest.raises(InvalidInputError, match="invalid JSON"):
+        w.decode_input(b'{"content": ', w.UserMessage)
+    with pytest.raises(InvalidInputError, match="content"):
+        w.convert_input({}, w.UserMessage)
+
+
+def test_cursor_parse() -> None:
+    assert w.Cursor.parse("abc:12") == w.Cursor(epoch="abc", offset=12)
+    assert str(w.Cursor(epoch="abc", offset=12)) == "abc:12"
+    for bad in ["", "abc", "abc:", ":3", "abc:-1", "abc:x"]:
+        with pytest.raises(InvalidInputError):
+            w.Cursor.parse(bad)
+
+
+def test_new_fields_have_defaults_old_payloads_decode() -> None:
+    # An AssistantMessage stored before optional fields existed still decodes.
+    old = b'{"type": "assistant_message", "content": [{"type": "text", "body": "x"}]}'
+    msg = w.decode_message(old)
+    assert isinstance(msg, w.AssistantMessage) and msg.interrupted is False
