@@ -11,7 +11,7 @@ RuntimeClosedError (the runtime is shutting down), InvalidInputError (bad argume
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
 from agentik.actors.conversation import _Retry
@@ -86,17 +86,17 @@ class Outbox:
     async def oldest_cursor(self) -> Cursor:
         return self._hub.oldest_cursor()
 
-    def events(self, after: Cursor | None = None) -> AsyncIterator[CommonEvent]:
+    def events(self, after: Cursor | None = None) -> AsyncGenerator[CommonEvent, None]:
         """Every durable event (agent and conversation) after ``after`` (None: from now)."""
         return self._hub.events(after)
 
-    def agent_events(self, after: Cursor | None = None) -> AsyncIterator[CommonEvent]:
+    def agent_events(self, after: Cursor | None = None) -> AsyncGenerator[CommonEvent, None]:
         """Conversation-list events only: Created, Deleted, Renamed, Touched."""
         return self._hub.events(after, kind="agent")
 
     def conversation_events(
         self, after: Cursor | None, conversation_id: str
-    ) -> AsyncIterator[CommonEvent]:
+    ) -> AsyncGenerator[CommonEvent, None]:
         """One conversation's durable events, including its own Renamed/Touched/Deleted."""
         return self._hub.events(after, conversation_id=conversation_id)
 
@@ -105,7 +105,7 @@ class OnlineOutbox:
     def __init__(self, deps: Deps) -> None:
         self._hub = deps.storage.hub
 
-    def online_events(self, conversation_id: str) -> AsyncIterator[CommonEvent]:
+    def online_events(self, conversation_id: str) -> AsyncGenerator[CommonEvent, None]:
         """Live-only events (Working, StartResponse, AppendText, End, ...); no cursor, no replay."""
         return self._hub.online_events(conversation_id)
 

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, assert_never
 
@@ -33,7 +34,7 @@ from agentik.errors import (
     StorageError,
     ToolError,
 )
-from agentik.llm.base import LiteConversation
+from agentik.llm.base import LiteConversation, TextDelta
 from agentik.storage import ops
 from agentik.storage.queries import working_memory
 from agentik.wire import (
@@ -43,6 +44,9 @@ from agentik.wire import (
     MessageContext,
     MessageRecord,
     OnlineEvent,
+    SummaryItem,
+    SystemItem,
+    Text,
     ToolCall,
     ToolCallSpec,
     ToolItem,
@@ -184,15 +188,21 @@ class ConversationActor:
         h.current = turn
         h.interrupt_requested = False
         crashed = False
+        completed = False
         try:
             with trio.CancelScope() as scope:
                 h.turn_scope = scope
                 try:
-                    await self._turn_body(turn, state)
+                    completed = await self._turn_body(turn, state)
                 except LlmError as exc:
                     await self._fail_turn(turn, state, exc.code, str(exc))
-            if scope.cancelled_caught:
+            h.turn_scope = None
+            if scope.cancelled_caught and not completed:
                 await self._end_cancelled(turn, state, interrupted=True)
+            elif completed:
+                # Outside the turn's scope: an interrupt now has nothing to cancel, and the
+                # turn's terminal record is already stored.
+                await self._maybe_compact(state)
         except trio.Cancelled:
             # Not an interrupt: the runtime is shutting down or the conversation is being
             # deleted. Close the turn with a terminal record before going.
@@ -207,7 +217,8 @@ class ConversationActor:
                 # After a bug `current` stays set, so the supervisor closes it with an Error.
                 h.current = None
 
-    async def _turn_body(self, turn: Turn, state: logic.TurnState) -> None:
+    async def _turn_body(self, turn: Turn, state: logic.TurnState) -> bool:
+        """One turn; True when it ended with an answer (False: it ended as failed)."""
         cid = self.h.conversation_id
         deps = self.deps
         self.online(Working(turn_id=turn.turn_id))
@@ -221,9 +232,12 @@ class ConversationActor:
         content: Sequence[Content] | None = turn.content
         while True:
             logic.new_round(state)
-            async for delta in self.llm_conv.send_stream(content):
-                for event in logic.apply_delta(state, delta):
-                    self.online(event)
+            # aclosing: the backend's stream (and its HTTP response) is released at once even
+            # when this loop is left by a cancel or an error, not whenever the GC gets to it.
+            async with aclosing(self.llm_conv.send_stream(content)) as stream:
+                async for delta in stream:
+                    for event in logic.apply_delta(state, delta):
+                        self.online(event)
             content = None
             calls = logic.round_tool_calls(state)
             if not calls:
@@ -234,7 +248,7 @@ class ConversationActor:
                     f"the model asked for tools more than {deps.config.max_tool_rounds} times "
                     "in one turn",
                 )
-                return
+                return False
             await deps.storage.write(
                 ops.AppendToolCalls(
                     conversation_id=cid,
@@ -269,6 +283,40 @@ class ConversationActor:
                                item=logic.final_item(state), now=time.time())
             )
             self.online(End(turn_id=turn.turn_id))
+        return True
+
+    async def _maybe_compact(self, state: logic.TurnState) -> None:
+        """Summarise old turns when the context nears the model's window (SPEC §5). Working
+        memory only: the journal keeps everything. If the summary cannot be made, the old turns
+        are dropped without one (the seeds' v1 behaviour) rather than overflowing the window."""
+        cid = self.h.conversation_id
+        deps = self.deps
+        items = await deps.storage.reader.run(working_memory, cid)
+        plan = logic.plan_compaction(items, state.last_prompt_tokens, deps.llm.context_window)
+        if plan is None:
+            return
+        summary: str | None = None
+        try:
+            conv = await deps.llm.open([SystemItem(text=logic.SUMMARY_PROMPT)], [])
+            try:
+                parts: list[str] = []
+                transcript = [Text(body=logic.transcript(plan.dropped))]
+                async with aclosing(conv.send_stream(transcript)) as stream:
+                    async for delta in stream:
+                        if isinstance(delta, TextDelta):
+                            parts.append(delta.text)
+                summary = "".join(parts).strip() or None
+            finally:
+                await conv.close()
+        except LlmError as exc:
+            log.warning("summarising %s for compaction failed (%s); dropping old turns", cid, exc)
+        await deps.storage.write(
+            ops.Compact(conversation_id=cid, before_order_idx=plan.before_order_idx,
+                        summary=SummaryItem(text=summary) if summary else None,
+                        dropped=len(plan.dropped), now=time.time())
+        )
+        # The live session still holds the long history: rebuild it from the compacted memory.
+        await self.close_llm()
 
     async def _run_tool(self, call: ToolCallSpec, turn_id: str) -> ToolResult:
         """Run one tool call; every failure becomes an error result (ToolFailed), never an

@@ -102,7 +102,16 @@ async def open_runtime(
             if purged or recovered:
                 log.info("start-up: %d temporary conversations removed, %d interrupted turns "
                          "closed", purged, recovered)
-            the_tools: Any = tools if tools is not None else NoTools()
+            the_tools: Any = tools
+            if the_tools is None and config.mcp_config:
+                # MCP servers connect in the background: start-up never waits on a slow or
+                # broken server (its state shows on /agentik/tools). A malformed config file
+                # raises ConfigError here and stops start-up.
+                from agentik.tools.mcp import run_mcp_registry
+
+                the_tools = await root.start(partial(run_mcp_registry, config))
+            if the_tools is None:
+                the_tools = NoTools()
             deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools)
             async with trio.open_nursery() as actors:
                 registry = Registry(deps, actors)

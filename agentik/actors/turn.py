@@ -30,9 +30,14 @@ from agentik.wire import (
     OnlineEvent,
     StartReasoning,
     StartResponse,
+    SummaryItem,
+    SystemItem,
     Text,
     ToolCallSpec,
+    ToolItem,
     TurnTokens,
+    UserItem,
+    WorkingItem,
 )
 
 
@@ -196,3 +201,72 @@ def cap_text(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[... truncated {len(text) - limit} characters]"
+
+
+# --- compaction ----------------------------------------------------------------------------------
+
+#: compaction starts when a round's prompt used this share of the context window
+COMPACT_AT = 0.8
+#: the most recent user turns kept verbatim
+KEEP_TURNS = 2
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    before_order_idx: int  # items with system < order_idx < this are replaced
+    dropped: list[WorkingItem]
+
+
+def plan_compaction(
+    items: list[tuple[int, WorkingItem]], prompt_tokens: int, context_window: int | None
+) -> CompactionPlan | None:
+    """Decide whether working memory must be compacted: when the last prompt used more than
+    COMPACT_AT of the window, everything between the system prompt and the last KEEP_TURNS user
+    turns is summarised. None when there is nothing to do (no window known, below the mark, or
+    too few turns to drop any)."""
+    if not context_window or prompt_tokens < COMPACT_AT * context_window:
+        return None
+    user_positions = [i for i, (_, item) in enumerate(items) if isinstance(item, UserItem)]
+    if len(user_positions) <= KEEP_TURNS:
+        return None
+    keep_from = user_positions[-KEEP_TURNS]
+    first = 1 if items and isinstance(items[0][1], SystemItem) else 0
+    dropped = [item for _, item in items[first:keep_from]]
+    if not dropped:
+        return None
+    return CompactionPlan(before_order_idx=items[keep_from][0], dropped=dropped)
+
+
+def transcript(items: list[WorkingItem]) -> str:
+    """Plain-text rendering of working-memory items for the summariser."""
+    lines = []
+    for item in items:
+        match item:
+            case UserItem(content=content):
+                lines.append("User: " + _text_of(content))
+            case AssistantItem(content=content, tool_calls=calls):
+                text = _text_of(content)
+                if text:
+                    lines.append("Assistant: " + text)
+                for call in calls:
+                    lines.append(f"Assistant called {call.name}({call.arguments})")
+            case ToolItem(name=name, content=content):
+                lines.append(f"Tool {name} returned: {content}")
+            case SummaryItem(text=text):
+                lines.append("Earlier summary: " + text)
+            case SystemItem(text=text):
+                lines.append("System: " + text)
+            case _:
+                assert_never(item)
+    return "\n".join(lines)
+
+
+def _text_of(content: list[Content]) -> str:
+    return " ".join(c.body if isinstance(c, Text) else f"[image {c.mime}]" for c in content)
+
+
+SUMMARY_PROMPT = (
+    "You compress conversations. Summarise the conversation below in a few sentences, keeping "
+    "names, facts, decisions and open questions the assistant will need later. Answer with the "
+    "summary only."
+)

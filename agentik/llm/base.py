@@ -16,7 +16,7 @@ Contract every backend keeps:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -63,7 +63,7 @@ LlmDelta = TextDelta | ReasoningDelta | ToolCallDelta | UsageDelta | FinishDelta
 
 
 class LiteConversation(Protocol):
-    def send_stream(self, content: Sequence[Content] | None) -> AsyncIterator[LlmDelta]:
+    def send_stream(self, content: Sequence[Content] | None) -> AsyncGenerator[LlmDelta, None]:
         """Stream one model round. ``content`` is the user's new message, or None to continue
         after tool results. Raises LlmError on backend failure."""
         ...

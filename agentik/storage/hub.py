@@ -16,7 +16,7 @@ Replay-then-live, with no gap and no duplicate, by construction:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 import trio
@@ -116,7 +116,7 @@ class EventHub:
         *,
         conversation_id: str | None = None,
         kind: str | None = None,
-    ) -> AsyncIterator[list[StoredEvent]]:
+    ) -> AsyncGenerator[list[StoredEvent], None]:
         """Batches of stored events after ``after`` (None: from the current head), replayed then
         live, each exactly once in offset order. Raises OutboxGapError for a dead cursor or one
         overtaken by eviction. Runs until the consumer stops iterating or is cancelled."""
@@ -170,7 +170,7 @@ class EventHub:
 
     async def events(
         self, after: Cursor | None, *, conversation_id: str | None = None, kind: str | None = None
-    ) -> AsyncIterator[CommonEvent]:
+    ) -> AsyncGenerator[CommonEvent, None]:
         async for batch in self.stream(after, conversation_id=conversation_id, kind=kind):
             for ev in batch:
                 yield ev.event
@@ -191,7 +191,7 @@ class EventHub:
                 subs.discard(sub)
                 sub.send.close()
 
-    async def online_events(self, conversation_id: str) -> AsyncIterator[CommonEvent]:
+    async def online_events(self, conversation_id: str) -> AsyncGenerator[CommonEvent, None]:
         """Live online events of one conversation, from now on. Ends if the consumer falls more
         than ``buffer`` events behind."""
         send, recv = trio.open_memory_channel[CommonEvent](self.buffer)
