@@ -197,7 +197,7 @@ class ConversationActor:
                 except LlmError as exc:
                     await self._fail_turn(turn, state, exc.code, str(exc))
             h.turn_scope = None
-            if scope.cancelled_caught and not completed:
+            if scope.cancelled_caught and not state.finished:
                 await self._end_cancelled(turn, state, interrupted=True)
             elif completed:
                 # Outside the turn's scope: an interrupt now has nothing to cancel, and the
@@ -205,8 +205,10 @@ class ConversationActor:
                 await self._maybe_compact(state)
         except trio.Cancelled:
             # Not an interrupt: the runtime is shutting down or the conversation is being
-            # deleted. Close the turn with a terminal record before going.
-            await self._end_cancelled(turn, state, interrupted=h.interrupt_requested)
+            # deleted. Close the turn with a terminal record before going, unless it already has
+            # one (the cancel may land after the answer, e.g. during compaction).
+            if not state.finished:
+                await self._end_cancelled(turn, state, interrupted=h.interrupt_requested)
             raise
         except Exception:
             crashed = True
@@ -277,6 +279,7 @@ class ConversationActor:
         # Shielded: an interrupt landing now must not store a second, "interrupted" ending for a
         # turn whose answer is already being committed.
         with trio.CancelScope(shield=True):
+            state.finished = True
             await deps.storage.write(
                 ops.FinishTurn(conversation_id=cid, turn_id=turn.turn_id,
                                assistant=(uuid.uuid4().hex, answer),
@@ -353,6 +356,7 @@ class ConversationActor:
         await self.close_llm()
         partial = logic.final_message(state, interrupted=True)
         text_item = logic.final_item(state) if partial is not None else None
+        state.finished = True
         with trio.CancelScope(shield=True):
             await self._finish_safely(
                 ops.FinishTurn(
@@ -374,6 +378,7 @@ class ConversationActor:
             error = (uuid.uuid4().hex,
                      Error(message="turn cancelled: the server is shutting down or the "
                            "conversation was closed", code="cancelled", turn_id=turn.turn_id))
+        state.finished = True
         with trio.CancelScope(shield=True):
             await self._finish_safely(
                 ops.FinishTurn(

@@ -68,6 +68,8 @@ class TurnState:
     started_reasoning: bool = False
     #: prompt tokens of the latest round: how full the context is
     last_prompt_tokens: int = 0
+    #: a terminal record (answer, error or interruption) was written: never write another
+    finished: bool = False
 
 
 def new_round(state: TurnState) -> None:
