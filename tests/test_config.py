@@ -1,0 +1,46 @@
+"""Config.from_env: every SPEC §9 variable is read; a bad value names the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentik.config import Config
+from agentik.errors import ConfigError
+
+
+def test_defaults() -> None:
+    cfg = Config.from_env({})
+    assert cfg.port == 8080 and cfg.db_path == "./agentik.db" and cfg.llm_backend == "openai"
+    assert cfg.tokens == () and cfg.sqlite_synchronous == "FULL"
+
+
+def test_reads_every_variable() -> None:
+    cfg = Config.from_env({
+        "AGENTIK_PORT": "9000", "AGENTIK_DB_PATH": "/tmp/x.db", "AGENTIK_SYSTEM_PROMPT": "be brief",
+        "AGENTIK_LLM_BACKEND": "LiteRT", "OPENAI_BASE_URL": "http://127.0.0.1:1/v1",
+        "OPENAI_API_KEY": "k", "OPENAI_MODEL": "m", "AGENTIK_LITERT_MODEL_PATH": "/m.litertlm",
+        "AGENTIK_LITERT_THREADS": "4", "AGENTIK_MCP_CONFIG": "/mcp.json",
+        "AGENTIK_TOKENS": "a, b,,c", "AGENTIK_OUTBOX_CAP": "10", "AGENTIK_OUTBOX_TTL": "60",
+        "AGENTIK_IDLE_TIMEOUT": "1.5", "AGENTIK_MAILBOX_SIZE": "3",
+        "AGENTIK_SQLITE_SYNCHRONOUS": "normal", "AGENTIK_CONTEXT_WINDOW": "8192",
+    })
+    assert cfg.port == 9000 and cfg.db_path == "/tmp/x.db" and cfg.system_prompt == "be brief"
+    assert cfg.llm_backend == "litert" and cfg.openai_base_url == "http://127.0.0.1:1/v1"
+    assert (cfg.openai_api_key, cfg.openai_model) == ("k", "m")
+    assert cfg.litert_model_path == "/m.litertlm" and cfg.litert_threads == 4
+    assert cfg.mcp_config == "/mcp.json" and cfg.tokens == ("a", "b", "c")
+    assert (cfg.outbox_cap, cfg.outbox_ttl, cfg.idle_timeout, cfg.mailbox_size) == (10, 60.0, 1.5, 3)
+    assert cfg.sqlite_synchronous == "NORMAL" and cfg.context_window == 8192
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("AGENTIK_PORT", "eighty"), ("AGENTIK_PORT", "70000"), ("AGENTIK_LLM_BACKEND", "google"),
+    ("OPENAI_BASE_URL", "localhost:8000"), ("AGENTIK_OUTBOX_CAP", "0"),
+    ("AGENTIK_OUTBOX_TTL", "-1"), ("AGENTIK_IDLE_TIMEOUT", "soon"), ("AGENTIK_TOKENS", " , "),
+    ("AGENTIK_SQLITE_SYNCHRONOUS", "SOMETIMES"), ("AGENTIK_MAILBOX_SIZE", "1.5"),
+])
+def test_bad_value_names_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config.from_env({variable: value})
+    assert info.value.variable == variable
+    assert str(info.value).startswith(variable) and repr(value) in str(info.value)
