@@ -182,6 +182,8 @@ class LocalAgent:
         self.journal = Journal(deps)
         self.outbox = Outbox(deps)
         self.online_outbox = OnlineOutbox(deps)
+        #: the tool registry turns run through (NoTools, FunctionTools, the MCP registry)
+        self.tools = deps.tools
 
     @property
     def id(self) -> str:

@@ -44,6 +44,8 @@ class Config:
     #: queued turns per conversation before sends are refused (429)
     mailbox_size: int = 16
     tool_timeout: float = 60.0
+    #: characters of a tool result kept for the model and the journal (the rest is cut, marked)
+    tool_result_cap: int = 64 * 1024
     max_tool_rounds: int = 8
     #: SQLite PRAGMA synchronous for the writer connection
     sqlite_synchronous: str = "FULL"
@@ -91,6 +93,7 @@ class Config:
         get("AGENTIK_IDLE_TIMEOUT", "idle_timeout", _positive_float)
         get("AGENTIK_MAILBOX_SIZE", "mailbox_size", _positive_int)
         get("AGENTIK_TOOL_TIMEOUT", "tool_timeout", _positive_float)
+        get("AGENTIK_TOOL_RESULT_CAP", "tool_result_cap", _positive_int)
         get("AGENTIK_MAX_TOOL_ROUNDS", "max_tool_rounds", _positive_int)
         get("AGENTIK_SQLITE_SYNCHRONOUS", "sqlite_synchronous",
             _choice("OFF", "NORMAL", "FULL", "EXTRA", upper=True))

@@ -34,7 +34,7 @@ from agentik.errors import (
     StorageError,
     ToolError,
 )
-from agentik.llm.base import LiteConversation, TextDelta
+from agentik.llm.base import LiteConversation, TextDelta, ToolSpec
 from agentik.storage import ops
 from agentik.storage.queries import working_memory
 from agentik.wire import (
@@ -54,15 +54,13 @@ from agentik.wire import (
     UserItem,
     UserMessage,
     Working,
+    encode,
 )
 
 if TYPE_CHECKING:
     from agentik.actors.runtime import Deps
 
 log = logging.getLogger(__name__)
-
-#: characters of a tool result kept for the model and the journal
-TOOL_RESULT_CAP = 64 * 1024
 
 
 class _Retry(Exception):
@@ -145,6 +143,7 @@ class ConversationActor:
         self.h = handle
         self.deps = handle.deps
         self.llm_conv: LiteConversation | None = None
+        self.llm_tools: tuple[ToolSpec, ...] = ()
 
     def online(self, event: OnlineEvent) -> None:
         self.deps.storage.hub.publish_online(self.h.conversation_id, event)
@@ -224,9 +223,15 @@ class ConversationActor:
         cid = self.h.conversation_id
         deps = self.deps
         self.online(Working(turn_id=turn.turn_id))
+        tools = tuple(deps.tools.specs())
+        if self.llm_conv is not None and tools != self.llm_tools:
+            # MCP servers connect and change their tool lists in the background; a session is
+            # opened with a fixed tool list, so a change means a new session (from memory).
+            await self.close_llm()
         if self.llm_conv is None:
             history = [item for _, item in await deps.storage.reader.run(working_memory, cid)]
-            self.llm_conv = await deps.llm.open(history, list(deps.tools.specs()))
+            self.llm_conv = await deps.llm.open(history, list(tools))
+            self.llm_tools = tools
         await deps.storage.write(
             ops.StartTurn(conversation_id=cid, turn_id=turn.turn_id,
                           item=UserItem(content=list(turn.content)), now=time.time())
@@ -329,9 +334,6 @@ class ConversationActor:
             return ToolResult(call_id=call.call_id, name=call.name, content=message,
                               is_error=True, turn_id=turn_id)
 
-        known = {spec.name for spec in self.deps.tools.specs()}
-        if call.name not in known:
-            return failed(f"unknown tool {call.name!r}")
         try:
             arguments = logic.parse_arguments(call.arguments)
         except logic.BadArguments as exc:
@@ -344,10 +346,15 @@ class ConversationActor:
             return failed(f"tool {call.name!r} timed out after {timeout:g} s")
         except ToolError as exc:
             return failed(str(exc))
+        cap = self.deps.config.tool_result_cap
+        structured = outcome.structured
+        # Untrusted and possibly huge: structured content is kept only when it fits the cap
+        # (the text content, which the model sees, is always there, cut to the cap).
+        if structured is not None and len(encode(structured)) > cap:
+            structured = None
         return ToolResult(
-            call_id=call.call_id, name=call.name,
-            content=logic.cap_text(outcome.content, TOOL_RESULT_CAP),
-            is_error=outcome.is_error, structured=outcome.structured, turn_id=turn_id,
+            call_id=call.call_id, name=call.name, content=logic.cap_text(outcome.content, cap),
+            is_error=outcome.is_error, structured=structured, turn_id=turn_id,
         )
 
     async def _fail_turn(self, turn: Turn, state: logic.TurnState, code: str, message: str) -> None:
