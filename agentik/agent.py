@@ -34,6 +34,8 @@ from agentik.wire import (
 if TYPE_CHECKING:
     from agentik.actors.registry import Registry
     from agentik.actors.runtime import Deps
+    from agentik.config import Config
+    from agentik.storage.hub import EventHub
 
 MAX_PAGE = 1000
 
@@ -190,8 +192,17 @@ class LocalAgent:
         return self._deps.storage.epoch
 
     @property
-    def config(self) -> object:
+    def config(self) -> Config:
         return self._deps.config
+
+    @property
+    def hub(self) -> EventHub:
+        """The event hub (durable fan-out by cursor, online fan-out)."""
+        return self._deps.storage.hub
+
+    @property
+    def supports_image_input(self) -> bool:
+        return self._deps.llm.supports_images
 
     def _check_open(self) -> None:
         if self._closed:

@@ -477,3 +477,26 @@ async def test_compaction_summarises_old_turns_near_the_window(
         ]
         # the journal keeps everything
         assert await agent.journal.count(conversation_id=conv.id) == 8
+
+
+async def test_runtime_cancelled_from_outside_still_closes_turns(
+    config: Config, scripted: ScriptedOpenAI
+) -> None:
+    """Cancelling the task that holds the runtime (not leaving its block) must still let running
+    turns store their terminal records before storage stops."""
+    scripted.push(Hang(text_before="Hmm"))
+    conv_id = ""
+    with trio.CancelScope() as scope:
+        async with open_runtime(config) as agent:
+            conv = await agent.create_conversation()
+            conv_id = conv.id
+            async with trio.open_nursery() as n:
+                await watch(n, agent.online_outbox.online_events(conv.id), is_type("append_text"))
+                await conv.send("question")
+            scope.cancel()
+            await trio.sleep_forever()
+    async with open_runtime(config) as agent:
+        kinds = [type(m.message).__name__ for m in await agent.journal.list(conversation_id=conv_id)]
+        assert kinds == ["UserMessage", "AssistantMessage", "Error"]  # closed at shutdown, not restart
+        messages = await agent.journal.list(conversation_id=conv_id)
+        assert messages[-1].message.code == "cancelled"  # type: ignore[union-attr]

@@ -278,3 +278,20 @@ def test_schema_version_recorded_and_newer_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(StorageError, match="newer"):
         Writer(path, synchronous="FULL", outbox_cap=10, outbox_ttl=10)
+
+
+def test_one_writer_per_database(tmp_path: Path) -> None:
+    """A second runtime on the same file (e.g. two hypercorn workers) is refused, not allowed to
+    run a second counter."""
+    path = str(tmp_path / "lock.db")
+    first = Writer(path, synchronous="FULL", outbox_cap=10, outbox_ttl=10)
+    with pytest.raises(StorageError, match="in use by another agentik process"):
+        Writer(path, synchronous="FULL", outbox_cap=10, outbox_ttl=10)
+    first.close()
+    Writer(path, synchronous="FULL", outbox_cap=10, outbox_ttl=10).close()  # free again
+
+
+async def test_clean_shutdown_checkpoints_the_wal(db_path: str) -> None:
+    async with open_storage(db_path) as st:
+        await create(st)
+    assert not Path(db_path + "-wal").exists()

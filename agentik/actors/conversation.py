@@ -154,7 +154,10 @@ class ConversationActor:
         try:
             while True:
                 with trio.move_on_after(self.deps.config.idle_timeout) as idle:
-                    msg = await self.h.inbox.receive()
+                    try:
+                        msg = await self.h.inbox.receive()
+                    except trio.EndOfChannel:
+                        return  # the mailbox was closed: the conversation is being stopped
                 if idle.cancelled_caught:
                     if self.deps.passivate(self.h):
                         return

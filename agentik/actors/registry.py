@@ -101,9 +101,11 @@ class Registry:
         if handle is None:
             return
         handle.closed = True
-        handle.mailbox.close()
+        # Cancel first, then close: an idle actor must see the cancellation, not an
+        # EndOfChannel it would take for a crash.
         if handle.actor_scope is not None:
             handle.actor_scope.cancel()
+        handle.mailbox.close()
         await handle.exited.wait()
         self.forget(handle)
 

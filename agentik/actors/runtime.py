@@ -86,42 +86,54 @@ async def open_runtime(
     the_llm = make_llm(config) if llm is None else llm
     try:
         async with _unwrap_single(), trio.open_nursery() as root:
-            storage: Storage = await root.start(
-                partial(
-                    run_storage,
-                    config.db_path,
-                    synchronous=config.sqlite_synchronous,
-                    outbox_cap=config.outbox_cap,
-                    outbox_ttl=config.outbox_ttl,
-                    max_batch=config.max_batch,
-                    subscriber_buffer=config.subscriber_buffer,
-                )
-            )
-            purged = await storage.write(ops.PurgeTemporary(now=time.time()))
-            recovered = await storage.write(ops.RecoverTurns(now=time.time()))
-            if purged or recovered:
-                log.info("start-up: %d temporary conversations removed, %d interrupted turns "
-                         "closed", purged, recovered)
-            the_tools: Any = tools
-            if the_tools is None and config.mcp_config:
-                # MCP servers connect in the background: start-up never waits on a slow or
-                # broken server (its state shows on /agentik/tools). A malformed config file
-                # raises ConfigError here and stops start-up.
-                from agentik.tools.mcp import run_mcp_registry
+            # Storage runs shielded and is stopped explicitly, last: when the caller is
+            # cancelled, the actors' shielded cleanup still needs it to store their turns'
+            # terminal records.
+            storage_scope = trio.CancelScope(shield=True)
 
-                the_tools = await root.start(partial(run_mcp_registry, config))
-            if the_tools is None:
-                the_tools = NoTools()
-            deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools)
-            async with trio.open_nursery() as actors:
-                registry = Registry(deps, actors)
-                agent = LocalAgent(deps, registry)
-                try:
-                    yield agent
-                finally:
-                    agent._closed = True
-                    actors.cancel_scope.cancel()
-            root.cancel_scope.cancel()
+            async def storage_task(task_status: trio.TaskStatus[Storage]) -> None:
+                with storage_scope:
+                    await run_storage(
+                        config.db_path,
+                        synchronous=config.sqlite_synchronous,
+                        outbox_cap=config.outbox_cap,
+                        outbox_ttl=config.outbox_ttl,
+                        max_batch=config.max_batch,
+                        subscriber_buffer=config.subscriber_buffer,
+                        task_status=task_status,
+                    )
+
+            storage: Storage = await root.start(storage_task)
+            try:
+                purged = await storage.write(ops.PurgeTemporary(now=time.time()))
+                recovered = await storage.write(ops.RecoverTurns(now=time.time()))
+                if purged or recovered:
+                    log.info("start-up: %d temporary conversations removed, %d interrupted turns "
+                             "closed", purged, recovered)
+                the_tools: Any = tools
+                if the_tools is None and config.mcp_config:
+                    # MCP servers connect in the background: start-up never waits on a slow or
+                    # broken server (its state shows on /agentik/tools). A malformed config file
+                    # raises ConfigError here and stops start-up.
+                    from agentik.tools.mcp import run_mcp_registry
+
+                    the_tools = await root.start(partial(run_mcp_registry, config))
+                if the_tools is None:
+                    the_tools = NoTools()
+                deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools)
+                async with trio.open_nursery() as actors:
+                    registry = Registry(deps, actors)
+                    agent = LocalAgent(deps, registry)
+                    try:
+                        yield agent
+                    finally:
+                        agent._closed = True
+                        actors.cancel_scope.cancel()
+            finally:
+                # Whatever ends the runtime (the caller leaving, a start-up error, a cancel),
+                # storage stops last.
+                storage_scope.cancel()
+                root.cancel_scope.cancel()
     finally:
         if own_llm:
             with trio.CancelScope(shield=True):

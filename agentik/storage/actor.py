@@ -121,8 +121,10 @@ async def run_storage(
             req.error = RuntimeClosedError("storage is closed")
             req.done.set()
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(writer.close)
+            # Readers first: the writer's close is then the last connection's, which checkpoints
+            # the WAL into the database file and removes it.
             reader.close()
+            await trio.to_thread.run_sync(writer.close)
 
 
 async def _commit(writer: Writer, hub: EventHub, storage: Storage, batch: list[_Request]) -> None:

@@ -1,0 +1,128 @@
+"""The ``agentik`` console script.
+
+``agentik serve``  runs the web app (``agentik.web``) in hypercorn's trio worker, in this process,
+                   on ``AGENTIK_PORT`` (SPEC §1). SIGINT/SIGTERM shut down gracefully (exit 0); a
+                   runtime that dies while serving shuts the server down too (exit 1).
+``agentik chat``   a terminal chat client (not implemented yet; see ``_chat``).
+
+Exit codes: 0 clean shutdown, 1 the runtime failed (at start-up or later), 2 bad configuration or
+usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from agentik.config import Config
+from agentik.errors import ConfigError
+
+log = logging.getLogger("agentik.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentik", description="agent runtime server on trio")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the HTTP/SSE/WebSocket server")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="interface to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    serve.add_argument("--port", type=int, default=None,
+                       help="port (default AGENTIK_PORT, else 8080; 0 picks a free port)")
+    serve.add_argument("--graceful-timeout", type=float, default=3.0,
+                       help="seconds open streams get to finish at shutdown (default 3)")
+
+    # `agentik chat` goes here: a terminal client over agentik.client (SPEC §1). Its options
+    # (server URL, token, conversation id) belong to whoever implements it.
+    sub.add_parser("chat", help="chat from the terminal (not implemented yet)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve_command(args)
+    if args.command == "chat":
+        return _chat(args)
+    raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+def _chat(args: argparse.Namespace) -> int:
+    print("agentik chat: not implemented yet", file=sys.stderr)
+    return 2
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    try:
+        config = Config.from_env()
+    except ConfigError as exc:
+        print(f"agentik: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.port is not None:
+        if not 0 <= args.port <= 65535:
+            print(f"agentik: --port must be 0..65535, got {args.port}", file=sys.stderr)
+            return 2
+        config = config.replace(port=args.port)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s [%(levelname)s] %(name)s: %(message)s"
+    )
+    # One line per LLM request from the HTTP client library is noise next to the access log.
+    for noisy in ("httpx2", "httpcore2", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return trio.run(serve, config, args.host, args.graceful_timeout)
+
+
+async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float = 3.0) -> int:
+    """Serve ``create_app(config)`` with hypercorn until SIGINT/SIGTERM (returns 0) or until the
+    runtime dies (returns 1). Returns 1 if the runtime cannot start."""
+    import hypercorn.config
+    import hypercorn.trio
+
+    from agentik.web.app import create_app, describe
+
+    died = trio.Event()
+
+    def on_fatal(exc: BaseException) -> None:
+        died.set()  # the shutdown trigger below stops hypercorn gracefully
+
+    app = create_app(config, on_fatal=on_fatal)
+    hc = hypercorn.config.Config()
+    hc.bind = [f"{host}:{config.port}"]
+    hc.accesslog = None  # agentik logs one line per request itself
+    hc.graceful_timeout = graceful_timeout
+    # hypercorn enforces the message limit before the app sees it (closing with 1009 too).
+    hc.websocket_max_message_size = config.max_body_bytes
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+        async def shutdown_trigger() -> None:
+            async with trio.open_nursery() as nursery:
+
+                async def on_signal() -> None:
+                    async for signum in signals:
+                        log.info("%s: shutting down", signal.Signals(signum).name)
+                        break
+                    nursery.cancel_scope.cancel()
+
+                async def on_death() -> None:
+                    await died.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(on_signal)
+                nursery.start_soon(on_death)
+
+        try:
+            await hypercorn.trio.serve(app, hc, shutdown_trigger=shutdown_trigger)
+        except Exception as exc:
+            print(f"agentik: {describe(exc)}", file=sys.stderr)
+            return 1
+    return 1 if died.is_set() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

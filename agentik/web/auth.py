@@ -1,0 +1,72 @@
+"""Bearer-token auth (SPEC §6): ``Authorization: Bearer <token>`` against ``config.tokens``;
+``?access_token=`` only where browsers cannot set headers (SSE and WebSocket). With no tokens
+configured every route is open. Tokens are compared with ``hmac.compare_digest`` and never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Sequence
+
+from agentik.web.errors import UnauthorizedError
+
+
+def token_from(
+    authorization: str | None, access_token: str | None, *, allow_query: bool
+) -> str | None:
+    """The bearer token of a request: the Authorization header, else (where allowed) the
+    ``access_token`` query parameter."""
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+        return None
+    if allow_query:
+        return access_token or None
+    return None
+
+
+def is_valid(token: str, tokens: Sequence[str]) -> bool:
+    """Constant-time per candidate, and every candidate is compared (no early exit that would
+    tell which token prefix matched)."""
+    given = token.encode()
+    ok = False
+    for candidate in tokens:
+        ok |= hmac.compare_digest(given, candidate.encode())
+    return ok
+
+
+def check(
+    tokens: Sequence[str],
+    authorization: str | None,
+    access_token: str | None,
+    *,
+    allow_query: bool,
+) -> None:
+    """Raise UnauthorizedError unless auth is off or the request carries a valid token."""
+    if not tokens:
+        return
+    token = token_from(authorization, access_token, allow_query=allow_query)
+    if token is None:
+        where = "an Authorization: Bearer header" + (" or ?access_token=" if allow_query else "")
+        raise UnauthorizedError(f"authentication required: send {where}")
+    if not is_valid(token, tokens):
+        raise UnauthorizedError("invalid token")
+
+
+_SECRET_PARAM = re.compile(r"(?i)((?:^|&)access_token=)[^&]*")
+
+
+def mask_query(query: str) -> str:
+    """The query string with every ``access_token`` value replaced, for logs."""
+    return _SECRET_PARAM.sub(r"\1***", query)
+
+
+#: endpoints where browsers cannot set headers, so ``?access_token=`` is accepted (SSE, WebSocket)
+QUERY_TOKEN_ENDPOINTS = frozenset({
+    "agentik_sse.events",
+    "agentik_sse.conversation_events",
+    "agentik_sse.live",
+    "agentik_ws.ws",
+})

@@ -1,0 +1,264 @@
+"""REST routes of SPEC §6: each maps one request onto one call of the in-process Agent API.
+
+Who raises what (all mapped to JSON errors in ``agentik.web.errors``): InvalidInputError (400: bad
+JSON, a body or query parameter that fails validation), NotFoundError (404), PayloadTooLargeError
+(413), MailboxFullError (429), ConversationFailedError (409), RuntimeClosedError/StorageError
+(503).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any, TypeVar
+
+from quart import Blueprint, Response, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+import agentik
+from agentik.errors import InvalidInputError, NotFoundError
+from agentik.web.app import json_response, state
+from agentik.web.errors import PayloadTooLargeError
+from agentik.web.openapi import openapi_document
+from agentik.web.types import (
+    AgentInfo,
+    Capabilities,
+    CountResult,
+    CreateConversationBody,
+    CursorPair,
+    Health,
+    InterruptResult,
+    MessageAccepted,
+    RenameConversationBody,
+    SendMessageBody,
+    ToolsStatus,
+)
+from agentik.wire import decode_input
+
+bp = Blueprint("agentik_http", __name__)
+
+T = TypeVar("T")
+
+#: largest value a query parameter may have: what SQLite's INTEGER holds
+_MAX_INT = 2**63 - 1
+_INT = re.compile(r"[0-9]{1,19}")
+
+
+# --- input helpers -------------------------------------------------------------------------------
+
+
+def int_param(name: str, default: int) -> int:
+    value = opt_int_param(name)
+    return default if value is None else value
+
+
+def opt_int_param(name: str) -> int | None:
+    """A non-negative integer query parameter. Raises InvalidInputError."""
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return None
+    if not _INT.fullmatch(raw) or int(raw) > _MAX_INT:
+        raise InvalidInputError(
+            f"query parameter `{name}` must be a non-negative integer, got {raw!r}"
+        )
+    return int(raw)
+
+
+async def read_body(limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes: by Content-Length before reading,
+    and while reading (chunked bodies have no length). Raises PayloadTooLargeError."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise PayloadTooLargeError(f"request body of {length} bytes is over the limit of {limit}")
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        async for chunk in request.body:
+            total += len(chunk)
+            if total > limit:
+                raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+    except RequestEntityTooLarge:
+        # Quart's own cap (MAX_CONTENT_LENGTH, set to the same limit) noticed first.
+        raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes") from None
+    g.agentik_body_read = True
+    return b"".join(chunks)
+
+
+async def json_body(into: type[T], *, empty: T | None = None) -> T:
+    """Decode and validate the JSON body. ``empty``: what an empty body means (None: an error).
+    Raises InvalidInputError (msgspec's message names the offending path) or
+    PayloadTooLargeError."""
+    raw = await read_body(state().cfg.max_body_bytes)
+    if not raw.strip():
+        if empty is not None:
+            return empty
+        raise InvalidInputError("a JSON body is required")
+    return decode_input(raw, into)
+
+
+# --- agent ---------------------------------------------------------------------------------------
+
+
+@bp.get("/healthz")
+async def healthz() -> Response:
+    st = state()
+    if st.agent is None:
+        return json_response(Health(status="starting" if st.died is None else "dead"), 503)
+    return json_response(Health(status="ok"))
+
+
+@bp.get("/agentik")
+async def info() -> Response:
+    st = state()
+    agent = st.require_agent()
+    hub = st.hub
+    return json_response(
+        AgentInfo(
+            id=agent.id,
+            name="agentik",
+            version=agentik.__version__,
+            capabilities=Capabilities(
+                image_input=st.supports_images,
+                tools=[spec.name for spec in st.runtime_tools.specs()],
+            ),
+            current=str(hub.current_cursor()),
+            oldest=str(hub.oldest_cursor()),
+        )
+    )
+
+
+@bp.get("/agentik/cursor")
+async def cursor() -> Response:
+    hub = state().hub
+    return json_response(
+        CursorPair(current=str(hub.current_cursor()), oldest=str(hub.oldest_cursor()))
+    )
+
+
+@bp.get("/agentik/tools")
+async def tools() -> Response:
+    """``{"servers": [...]}``: the registry's ``status()`` (a list of JSON-ready server states;
+    sync or async), or no servers for a registry without one."""
+    registry = state().runtime_tools
+    status_fn = getattr(registry, "status", None)
+    if status_fn is None:
+        return json_response(ToolsStatus())
+    result: Any = status_fn()
+    if inspect.isawaitable(result):
+        result = await result
+    if isinstance(result, dict):
+        return json_response(result)
+    return json_response(ToolsStatus(servers=list(result)))
+
+
+@bp.get("/agentik/openapi.json")
+async def openapi() -> Response:
+    return Response(openapi_document(), content_type="application/json")
+
+
+# --- conversations -------------------------------------------------------------------------------
+
+
+@bp.get("/agentik/conversations")
+async def list_conversations() -> Response:
+    agent = state().require_agent()
+    snapshot = await agent.conversations_snapshot(
+        offset=int_param("offset", 0), limit=int_param("limit", 100)
+    )
+    return json_response(snapshot)
+
+
+@bp.post("/agentik/conversations")
+async def create_conversation() -> Response:
+    agent = state().require_agent()
+    body = await json_body(CreateConversationBody, empty=CreateConversationBody())
+    conv = await agent.create_conversation(temp=body.temp, title=body.title)
+    return json_response(conv.record, 201)
+
+
+async def _conversation(conversation_id: str) -> Any:
+    conv = await state().require_agent().get_conversation(conversation_id)
+    if conv is None:
+        raise NotFoundError(f"conversation {conversation_id!r} not found")
+    return conv
+
+
+@bp.get("/agentik/conversations/<conversation_id>")
+async def get_conversation(conversation_id: str) -> Response:
+    conv = await _conversation(conversation_id)
+    return json_response(conv.record)
+
+
+@bp.patch("/agentik/conversations/<conversation_id>")
+async def rename_conversation(conversation_id: str) -> Response:
+    agent = state().require_agent()
+    body = await json_body(RenameConversationBody)
+    record = await agent.rename_conversation(conversation_id, body.title)
+    return json_response(record)
+
+
+@bp.delete("/agentik/conversations/<conversation_id>")
+async def delete_conversation(conversation_id: str) -> Response:
+    agent = state().require_agent()
+    if not await agent.delete_conversation(conversation_id):
+        raise NotFoundError(f"conversation {conversation_id!r} not found")
+    return Response(b"", status=204)
+
+
+@bp.post("/agentik/conversations/<conversation_id>/messages")
+async def send_message(conversation_id: str) -> Response:
+    agent = state().require_agent()
+    body = await json_body(SendMessageBody)
+    message_id = await agent.send(conversation_id, body.content, body.context)
+    return json_response(MessageAccepted(message_id=message_id), 202)
+
+
+@bp.post("/agentik/conversations/<conversation_id>/interrupt")
+async def interrupt(conversation_id: str) -> Response:
+    st = state()
+    agent = st.require_agent()
+    await read_body(st.cfg.max_body_bytes)  # none expected; read so the connection stays usable
+    interrupted = await agent.interrupt(conversation_id)
+    return json_response(InterruptResult(interrupted=interrupted), 202)
+
+
+@bp.get("/agentik/conversations/<conversation_id>/messages")
+async def get_messages(conversation_id: str) -> Response:
+    after_seq = int_param("after_seq", 0)
+    offset = int_param("offset", 0)
+    limit = int_param("limit", 100)
+    conv = await _conversation(conversation_id)
+    messages = await conv.get_messages(after_seq=after_seq, offset=offset, limit=limit)
+    return json_response(messages)
+
+
+@bp.get("/agentik/conversations/<conversation_id>/snapshot")
+async def chat_snapshot(conversation_id: str) -> Response:
+    agent = state().require_agent()
+    return json_response(await agent.chat_snapshot(conversation_id))
+
+
+# --- journal -------------------------------------------------------------------------------------
+
+
+@bp.get("/agentik/journal")
+async def journal() -> Response:
+    agent = state().require_agent()
+    records = await agent.journal.list(
+        conversation_id=request.args.get("conversation_id") or None,
+        after_seq=int_param("after_seq", 0),
+        up_to_seq=opt_int_param("up_to_seq"),
+        limit=int_param("limit", 100),
+    )
+    return json_response(records)
+
+
+@bp.get("/agentik/journal/count")
+async def journal_count() -> Response:
+    agent = state().require_agent()
+    count = await agent.journal.count(
+        conversation_id=request.args.get("conversation_id") or None,
+        after_seq=int_param("after_seq", 0),
+    )
+    return json_response(CountResult(count=count))

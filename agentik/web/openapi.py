@@ -1,0 +1,231 @@
+"""The OpenAPI 3.1 document served at ``/agentik/openapi.json``.
+
+The route table below is the one list of routes in this module; the schemas of every body are
+generated from the msgspec types (``msgspec.json.schema_components``), so they cannot drift from
+what the server decodes and encodes. ``tests/test_web_openapi.py`` checks that the table matches
+the app's URL map.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+import agentik
+from agentik.web.types import (
+    AgentInfo,
+    ClientFrame,
+    CountResult,
+    CreateConversationBody,
+    CursorPair,
+    ErrorBody,
+    Health,
+    InterruptResult,
+    MessageAccepted,
+    RenameConversationBody,
+    SendMessageBody,
+    ServerFrame,
+    ToolsStatus,
+)
+from agentik.wire import (
+    ChatSnapshot,
+    CommonEvent,
+    ConversationRecord,
+    ConversationsSnapshot,
+    MessageRecord,
+)
+
+REF = "#/components/schemas/{name}"
+SSE = "text/event-stream"
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str  # "query" | "path" | "header"
+    description: str
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    operation_id: str
+    summary: str
+    ok: int
+    ok_type: Any = None  # a msgspec type; None = no body
+    ok_media: str = "application/json"
+    body: Any = None
+    params: tuple[Param, ...] = ()
+    errors: tuple[int, ...] = ()
+    query_token: bool = False
+    open: bool = False  # no auth
+
+
+def _int(name: str, description: str, minimum: int = 0) -> Param:
+    return Param(name, "query", description, {"type": "integer", "minimum": minimum})
+
+
+CID = Param("conversation_id", "path", "conversation id", required=True)
+AFTER = Param(
+    "after", "query",
+    "resume after this cursor `EPOCH:OFFSET`; absent = from the current head (live only)",
+    {"type": "string", "pattern": "^.+:[0-9]+$"},
+)
+LAST_EVENT_ID = Param(
+    "Last-Event-ID", "header", "set by a reconnecting EventSource; wins over `after`",
+)
+ACCESS_TOKEN = Param("access_token", "query", "bearer token, for clients that cannot set headers")
+
+ROUTES: tuple[Route, ...] = (
+    Route("get", "/healthz", "health", "Liveness; 503 while starting or after the runtime died",
+          200, Health, errors=(503,), open=True),
+    Route("get", "/agentik", "info", "Agent info: id, version, capabilities, cursors",
+          200, AgentInfo),
+    Route("get", "/agentik/cursor", "cursor", "The current and the oldest resumable cursor",
+          200, CursorPair),
+    Route("get", "/agentik/conversations", "listConversations",
+          "Conversations snapshot (by updated_at desc) at a cursor", 200, ConversationsSnapshot,
+          params=(_int("offset", "rows to skip"), _int("limit", "1..1000, default 100", 1)),
+          errors=(400,)),
+    Route("post", "/agentik/conversations", "createConversation",
+          "Create a conversation (an empty body means {})", 201, ConversationRecord,
+          body=CreateConversationBody, errors=(400, 413)),
+    Route("get", "/agentik/conversations/{conversation_id}", "getConversation",
+          "One conversation", 200, ConversationRecord, params=(CID,), errors=(404,)),
+    Route("patch", "/agentik/conversations/{conversation_id}", "renameConversation",
+          "Set or clear (null) the title", 200, ConversationRecord, body=RenameConversationBody,
+          params=(CID,), errors=(400, 404, 413)),
+    Route("delete", "/agentik/conversations/{conversation_id}", "deleteConversation",
+          "Delete a conversation and everything of it", 204, params=(CID,), errors=(404,)),
+    Route("post", "/agentik/conversations/{conversation_id}/messages", "sendMessage",
+          "Queue a user message; the answer arrives as events", 202, MessageAccepted,
+          body=SendMessageBody, params=(CID,), errors=(400, 404, 409, 413, 429)),
+    Route("post", "/agentik/conversations/{conversation_id}/interrupt", "interrupt",
+          "Cancel the running turn", 202, InterruptResult, params=(CID,), errors=(404,)),
+    Route("get", "/agentik/conversations/{conversation_id}/messages", "getMessages",
+          "Messages by seq, paged", 200, list[MessageRecord],
+          params=(CID, _int("after_seq", "only seq > after_seq"), _int("offset", "rows to skip"),
+                  _int("limit", "1..1000, default 100", 1)),
+          errors=(400, 404)),
+    Route("get", "/agentik/conversations/{conversation_id}/snapshot", "chatSnapshot",
+          "One conversation and all its messages at a cursor", 200, ChatSnapshot,
+          params=(CID,), errors=(404,)),
+    Route("get", "/agentik/journal", "journal", "Journal records by seq", 200,
+          list[MessageRecord],
+          params=(Param("conversation_id", "query", "only this conversation"),
+                  _int("after_seq", "only seq > after_seq"),
+                  _int("up_to_seq", "only seq <= up_to_seq"),
+                  _int("limit", "1..1000, default 100", 1)),
+          errors=(400,)),
+    Route("get", "/agentik/journal/count", "journalCount", "Count of journal records", 200,
+          CountResult,
+          params=(Param("conversation_id", "query", "only this conversation"),
+                  _int("after_seq", "only seq > after_seq")),
+          errors=(400,)),
+    Route("get", "/agentik/events", "events",
+          "SSE: every durable event (agent and conversation). Frames `id: EPOCH:OFFSET`, "
+          "`event: <type>`, `data: <CommonEvent JSON>`", 200, CommonEvent, ok_media=SSE,
+          params=(AFTER, LAST_EVENT_ID, ACCESS_TOKEN), errors=(400, 410), query_token=True),
+    Route("get", "/agentik/conversations/{conversation_id}/events", "conversationEvents",
+          "SSE: one conversation's durable events; ends after its `deleted` event", 200,
+          CommonEvent, ok_media=SSE, params=(CID, AFTER, LAST_EVENT_ID, ACCESS_TOKEN),
+          errors=(400, 404, 410), query_token=True),
+    Route("get", "/agentik/conversations/{conversation_id}/live", "liveEvents",
+          "SSE: one conversation's online events (no ids, no replay)", 200, CommonEvent,
+          ok_media=SSE, params=(CID, ACCESS_TOKEN), errors=(404,), query_token=True),
+    Route("get", "/agentik/ws", "websocket",
+          "WebSocket upgrade. Client frames: ClientFrame; server frames: ServerFrame "
+          "(see docs/PROTOCOL.md)", 101, params=(ACCESS_TOKEN,), query_token=True),
+    Route("get", "/agentik/tools", "tools", "MCP servers with their state and tools", 200,
+          ToolsStatus),
+    Route("get", "/agentik/openapi.json", "openapi", "This document", 200),
+)
+
+_ERROR_TEXT = {
+    400: "invalid input (bad JSON, a body or parameter that fails validation)",
+    401: "missing or invalid bearer token",
+    404: "unknown conversation",
+    409: "the conversation crashed too often and takes no more turns",
+    410: "dead cursor: resync from a snapshot; `oldest` and `current` are in the body",
+    413: "body over the size limit",
+    429: "the conversation's mailbox is full; see Retry-After",
+    503: "the runtime is not running",
+}
+
+
+@functools.cache
+def openapi_dict() -> dict[str, Any]:
+    body_types: list[Any] = [ErrorBody, ClientFrame, ServerFrame]
+    for route in ROUTES:
+        for t in (route.ok_type, route.body):
+            if t is not None and t not in body_types:
+                body_types.append(t)
+    schemas, components = msgspec.json.schema_components(body_types, ref_template=REF)
+    names = dict(zip(body_types, schemas, strict=True))
+    error_ref = names[ErrorBody]
+
+    paths: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        op: dict[str, Any] = {"operationId": route.operation_id, "summary": route.summary}
+        if route.params:
+            op["parameters"] = [
+                {"name": p.name, "in": p.where, "description": p.description,
+                 "required": p.required or p.where == "path", "schema": p.schema}
+                for p in route.params
+            ]
+        if route.body is not None:
+            op["requestBody"] = {
+                "required": route.body is not CreateConversationBody,
+                "content": {"application/json": {"schema": names[route.body]}},
+            }
+        responses: dict[str, Any] = {}
+        ok: dict[str, Any] = {"description": "success"}
+        if route.ok_type is not None:
+            ok["content"] = {route.ok_media: {"schema": names[route.ok_type]}}
+        elif route.operation_id == "openapi":
+            ok["content"] = {"application/json": {"schema": {"type": "object"}}}
+        responses[str(route.ok)] = ok
+        statuses = set(route.errors)
+        if not route.open:
+            statuses |= {401, 503}
+        for status in sorted(statuses):
+            responses[str(status)] = {
+                "description": _ERROR_TEXT[status],
+                "content": {"application/json": {"schema": error_ref}},
+            }
+        op["responses"] = responses
+        if route.open:
+            op["security"] = []
+        elif route.query_token:
+            op["security"] = [{"bearer": []}, {"accessToken": []}]
+        paths.setdefault(route.path, {})[route.method] = op
+
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "agentik",
+            "version": agentik.__version__,
+            "description": "Agent runtime server: conversations, durable resumable event "
+                           "streams (SSE, WebSocket). See docs/PROTOCOL.md.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "accessToken": {"type": "apiKey", "in": "query", "name": "access_token"},
+            },
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+@functools.cache
+def openapi_document() -> bytes:
+    return msgspec.json.encode(openapi_dict())

@@ -1,0 +1,245 @@
+"""Server-Sent Events: the durable streams (``/agentik/events``,
+``/agentik/conversations/{id}/events``) and the live stream (``/agentik/conversations/{id}/live``).
+
+Everything that can fail is decided before the response starts (auth, cursor syntax, cursor
+validity -> 410, unknown conversation -> 404), so errors are proper JSON answers, never a broken
+stream. Then:
+
+- A *pump* task pulls from the hub and turns each batch into SSE bytes; the response body takes
+  every chunk already queued and sends it as ONE write. The pump lives in a nursery owned by the
+  response body (:class:`EventStream`): Quart enters the body with ``async with`` and iterates it
+  in the same task, so the nursery is opened and closed by that task, and a client disconnect
+  (which cancels that task) closes the nursery, which ends the pump, which closes the hub
+  subscription. No generator ever yields inside a nursery.
+- Silence for ``heartbeat`` seconds sends a comment, so proxies keep the connection open.
+- Durable frames: ``id: EPOCH:OFFSET`` / ``event: <type>`` / ``data: <CommonEvent JSON>``. Live
+  frames have no ``id:``. A cursor overtaken by eviction mid-stream gets a final ``event: gap``
+  frame (data: the 410 body) and the stream ends; reconnecting with Last-Event-ID then gets 410.
+- A conversation's durable stream ends after that conversation's ``deleted`` event. A live stream
+  ends if its reader falls more than the subscriber buffer behind (the client reconnects).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from functools import partial
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import trio
+from quart import Blueprint, Response, request
+from quart.wrappers.response import ResponseBody
+
+from agentik.errors import NotFoundError, OutboxGapError
+from agentik.web.app import WebState, log, state
+from agentik.web.errors import detail_of
+from agentik.web.types import ErrorBody
+from agentik.wire import Cursor, Deleted, encode
+
+if TYPE_CHECKING:
+    from agentik.storage.hub import EventHub
+    from agentik.storage.writer import StoredEvent
+
+bp = Blueprint("agentik_sse", __name__)
+
+#: SSE chunks the pump may queue ahead of the socket; beyond it the pump waits, and a hub
+#: subscriber that then overflows falls back to the stored outbox (durable) or ends (live).
+PUMP_BUFFER = 16
+
+SSE_TYPE = "text/event-stream; charset=utf-8"
+HEARTBEAT = b": heartbeat\n\n"
+OPENED = b": connected\n\n"
+
+Pump = Callable[..., Awaitable[None]]
+
+
+class EventStream(ResponseBody):
+    """A streaming response body fed by a pump task in a nursery of its own (module docstring).
+
+    ``pump(send, task_status=...)`` must call ``task_status.started()`` once it is subscribed and
+    must not raise (it logs and ends instead); it closes ``send`` when done.
+    """
+
+    def __init__(self, st: WebState, pump: Pump, heartbeat: float) -> None:
+        self._state = st
+        self._pump = pump
+        self._heartbeat = heartbeat
+        self._manager: Any = None
+        self._nursery: trio.Nursery | None = None
+        self._recv: trio.MemoryReceiveChannel[bytes] | None = None
+        self._opened = False
+
+    async def __aenter__(self) -> EventStream:
+        manager = trio.open_nursery()
+        nursery = await manager.__aenter__()
+        send, recv = trio.open_memory_channel[bytes](PUMP_BUFFER)
+        try:
+            await nursery.start(self._pump, send)
+        except BaseException as exc:
+            # Quart does not call __aexit__ when __aenter__ fails: close the nursery here.
+            nursery.cancel_scope.cancel()
+            await manager.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._manager, self._nursery, self._recv = manager, nursery, recv
+        self._state.stream_opened()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        try:
+            await self._manager.__aexit__(exc_type, exc, tb)
+        finally:
+            self._state.stream_closed()
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        assert self._recv is not None
+        if not self._opened:
+            # The first chunk tells the client the subscription is in place (the pump is
+            # subscribed by now), and pushes the headers through buffering proxies.
+            self._opened = True
+            return OPENED
+        with trio.move_on_after(self._heartbeat):
+            try:
+                parts = [await self._recv.receive()]
+            except trio.EndOfChannel:
+                raise StopAsyncIteration from None
+            # Everything already queued goes out in one write.
+            while True:
+                try:
+                    parts.append(self._recv.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            return b"".join(parts)
+        return HEARTBEAT
+
+
+def durable_frames(epoch: str, batch: list[StoredEvent]) -> bytes:
+    """SSE frames of a batch of stored events; ``data`` is the stored JSON, not re-encoded."""
+    parts: list[bytes] = []
+    prefix = f"id: {epoch}:".encode()
+    for ev in batch:
+        parts += [
+            prefix, str(ev.offset).encode(), b"\nevent: ", ev.event.type.encode(),
+            b"\ndata: ", ev.raw, b"\n\n",
+        ]
+    return b"".join(parts)
+
+
+def gap_frame(exc: OutboxGapError) -> bytes:
+    return b"event: gap\ndata: " + encode(ErrorBody(error=detail_of(exc))) + b"\n\n"
+
+
+def _ends_stream(batch: list[StoredEvent], conversation_id: str | None) -> bool:
+    return conversation_id is not None and any(
+        isinstance(ev.event.event, Deleted) and ev.event.event.conversation_id == conversation_id
+        for ev in batch
+    )
+
+
+async def durable_pump(
+    hub: EventHub,
+    after: Cursor,
+    conversation_id: str | None,
+    send: trio.MemorySendChannel[bytes],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with send:
+        stream = hub.stream(after, conversation_id=conversation_id)
+        async with aclosing(stream):
+            # The hub registers the subscriber in the first step of the iteration, before its
+            # first checkpoint, so it is registered by the time start() returns.
+            task_status.started()
+            try:
+                async for batch in stream:
+                    await send.send(durable_frames(hub.epoch, batch))
+                    if _ends_stream(batch, conversation_id):
+                        return
+            except OutboxGapError as exc:
+                await send.send(gap_frame(exc))
+            except Exception:
+                log.exception("event stream after %s failed", after)
+
+
+async def live_pump(
+    hub: EventHub,
+    conversation_id: str,
+    send: trio.MemorySendChannel[bytes],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with send:
+        events: AsyncIterator[Any] = hub.online_events(conversation_id)
+        async with aclosing(events):  # type: ignore[type-var]
+            task_status.started()  # registered at the first step, as in durable_pump
+            try:
+                async for ev in events:
+                    await send.send(
+                        b"event: " + ev.type.encode() + b"\ndata: " + encode(ev) + b"\n\n"
+                    )
+            except Exception:
+                log.exception("live stream of %s failed", conversation_id)
+
+
+def start_cursor(hub: EventHub) -> Cursor:
+    """Where a durable stream starts: ``Last-Event-ID`` (a reconnecting EventSource) wins over
+    ``?after=``; neither means from the current head. Raises InvalidInputError (bad syntax) or
+    OutboxGapError (dead cursor), both before the response starts."""
+    raw = request.headers.get("Last-Event-ID") or request.args.get("after")
+    after = hub.current_cursor() if not raw else Cursor.parse(raw.strip())
+    hub.check(after)
+    return after
+
+
+def stream_response(st: WebState, pump: Pump, after: Cursor | None) -> Response:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    if after is not None:
+        headers["X-Agentik-Cursor"] = str(after)
+    if request.method == "HEAD":
+        # The headers only: a stream whose body is never sent would hold the connection.
+        return Response(b"", status=200, headers=headers, content_type=SSE_TYPE)
+    response = Response(
+        EventStream(st, pump, st.heartbeat), status=200, headers=headers,
+        content_type=SSE_TYPE,
+    )
+    response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut the stream
+    return response
+
+
+async def _require_conversation(st: WebState, conversation_id: str) -> None:
+    if await st.require_agent().get_conversation(conversation_id) is None:
+        raise NotFoundError(f"conversation {conversation_id!r} not found")
+
+
+@bp.get("/agentik/events")
+async def events() -> Response:
+    st = state()
+    hub = st.hub
+    after = start_cursor(hub)
+    return stream_response(st, partial(durable_pump, hub, after, None), after)
+
+
+@bp.get("/agentik/conversations/<conversation_id>/events")
+async def conversation_events(conversation_id: str) -> Response:
+    st = state()
+    hub = st.hub
+    after = start_cursor(hub)
+    await _require_conversation(st, conversation_id)
+    return stream_response(st, partial(durable_pump, hub, after, conversation_id), after)
+
+
+@bp.get("/agentik/conversations/<conversation_id>/live")
+async def live(conversation_id: str) -> Response:
+    st = state()
+    await _require_conversation(st, conversation_id)
+    return stream_response(st, partial(live_pump, st.hub, conversation_id), None)

@@ -1,0 +1,375 @@
+"""WebSocket ``/agentik/ws``: one socket for commands and any number of subscriptions.
+
+Frames are JSON text messages, the msgspec tagged structs of ``agentik.web.types`` (documented in
+docs/PROTOCOL.md). One nursery per socket holds:
+
+- the reader (this handler's own task): reads a frame, runs a command to completion and queues
+  its reply, so commands are answered in the order they were sent;
+- the writer: the only task that writes to the socket, fed by a bounded channel. A client that
+  does not read makes the writer wait, then the subscriptions wait, and a durable subscription's
+  hub buffer overflows, which makes it fall back to the stored outbox — the runtime never waits;
+- the pinger: a ``ping`` frame every ``heartbeat`` seconds;
+- one task per subscription, each in its own cancel scope (unsubscribe cancels it).
+
+A message over ``config.max_body_bytes`` closes the socket with 1009. A disconnect cancels the
+handler; cancellation arrives wrapped in exception groups here, so cleanup is in ``finally``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from functools import partial
+from typing import Any, assert_never
+
+import msgspec
+import trio
+from quart import Blueprint, Response, websocket
+
+from agentik.agent import LocalAgent
+from agentik.errors import AgentikError, InvalidInputError, NotFoundError
+from agentik.web import auth
+from agentik.web.app import WebState, error_response, log, log_request, state
+from agentik.web.errors import detail_of, status_of
+from agentik.web.types import (
+    ClientFrame,
+    CreateConversation,
+    DeleteConversation,
+    Ended,
+    ErrorDetail,
+    ErrorFrame,
+    GetConversation,
+    GetSnapshot,
+    InterruptResult,
+    InterruptTurn,
+    ListConversations,
+    MessageAccepted,
+    Ping,
+    Pong,
+    RenameConversation,
+    Reply,
+    SendMessage,
+    Subscribe,
+    SubscribeResult,
+    Unsubscribe,
+)
+from agentik.wire import Cursor, Deleted, encode
+
+bp = Blueprint("agentik_ws", __name__)
+
+#: frames queued for the writer before producers wait
+OUT_BUFFER = 16
+#: events frames are split above this size (a single bigger event gets a frame of its own)
+FRAME_BYTES = 512 * 1024
+#: subscriptions one socket may hold
+MAX_SUBSCRIPTIONS = 64
+#: WebSocket close code for a message that is too big (RFC 6455)
+CLOSE_TOO_BIG = 1009
+
+_decode_frame = msgspec.json.Decoder(ClientFrame).decode
+PING = encode(Ping())
+
+
+def _request_id(raw: str | bytes) -> str | None:
+    """Best effort: the ``id`` of a frame that failed validation, to address the error to it."""
+    try:
+        data = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(data, dict) and isinstance(data.get("id"), str):
+        return data["id"]
+    return None
+
+
+def decode_frame(raw: str | bytes) -> ClientFrame:
+    """Raises InvalidInputError with msgspec's message."""
+    try:
+        return _decode_frame(raw)
+    except msgspec.ValidationError as exc:
+        raise InvalidInputError(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"invalid JSON: {exc}") from None
+
+
+def _events_frame(subscription: bytes, raws: list[bytes]) -> bytes:
+    # Spliced from the stored CommonEvent JSON: replayed events are never re-encoded.
+    return (
+        b'{"type":"events","subscription":' + subscription + b',"events":['
+        + b",".join(raws) + b"]}"
+    )
+
+
+def events_frames(subscription: bytes, raws: list[bytes], limit: int = FRAME_BYTES) -> list[bytes]:
+    """One frame for everything queued, split so that a frame stays under ``limit`` bytes
+    unless a single event is bigger (clients cap message sizes; trio-websocket at 1 MiB)."""
+    frames: list[bytes] = []
+    chunk: list[bytes] = []
+    size = 0
+    for raw in raws:
+        if chunk and size + len(raw) > limit:
+            frames.append(_events_frame(subscription, chunk))
+            chunk, size = [], 0
+        chunk.append(raw)
+        size += len(raw) + 1
+    if chunk:
+        frames.append(_events_frame(subscription, chunk))
+    return frames
+
+
+class Session:
+    def __init__(self, st: WebState, agent: LocalAgent) -> None:
+        self.st = st
+        self.agent = agent
+        self.hub = st.hub
+        self.max_bytes = st.cfg.max_body_bytes
+        self.out_send, self.out_recv = trio.open_memory_channel[bytes](OUT_BUFFER)
+        #: subscription id -> (its cancel scope, set once its task has finished)
+        self.subs: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
+        self.nursery: trio.Nursery | None = None
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            nursery.start_soon(self.writer)
+            nursery.start_soon(self.pinger)
+            await self.reader()
+            nursery.cancel_scope.cancel()
+
+    async def send(self, frame: Any) -> None:
+        await self.out_send.send(encode(frame))
+
+    # --- tasks -----------------------------------------------------------------------------------
+
+    async def writer(self) -> None:
+        try:
+            async for frame in self.out_recv:
+                await websocket.send(frame.decode())  # text frames: JSON for browsers
+        except Exception as exc:  # the peer went away mid-write
+            log.debug("websocket write failed: %r", exc)
+            assert self.nursery is not None
+            self.nursery.cancel_scope.cancel()
+
+    async def pinger(self) -> None:
+        while True:
+            await trio.sleep(self.st.heartbeat)
+            await self.out_send.send(PING)
+
+    async def reader(self) -> None:
+        while True:
+            raw = await websocket.receive()
+            size = len(raw) if isinstance(raw, bytes) else len(raw.encode())
+            if size > self.max_bytes:
+                await websocket.close(
+                    CLOSE_TOO_BIG, f"message of {size} bytes is over {self.max_bytes}"
+                )
+                return
+            try:
+                frame = decode_frame(raw)
+            except InvalidInputError as exc:
+                await self.send(ErrorFrame(id=_request_id(raw), error=detail_of(exc)))
+                continue
+            await self.handle(frame)
+
+    # --- frames ----------------------------------------------------------------------------------
+
+    async def handle(self, frame: ClientFrame) -> None:
+        if isinstance(frame, Ping):
+            await self.send(Pong(id=frame.id))
+            return
+        if isinstance(frame, Pong):
+            return
+        try:
+            if isinstance(frame, Subscribe):
+                await self.subscribe(frame)
+                return
+            result = await self.command(frame)
+        except AgentikError as exc:
+            await self.send(ErrorFrame(id=frame.id, error=detail_of(exc)))
+            return
+        except Exception:
+            log.exception("websocket command %s failed", type(frame).__name__)
+            await self.send(
+                ErrorFrame(id=frame.id, error=ErrorDetail(code="internal", message="internal error"))
+            )
+            return
+        await self.send(Reply(id=frame.id, result=result))
+
+    async def command(self, frame: Any) -> Any:
+        """Run one command; returns the reply's ``result``. Raises AgentikError."""
+        agent = self.agent
+        if isinstance(frame, CreateConversation):
+            return (await agent.create_conversation(temp=frame.temp, title=frame.title)).record
+        if isinstance(frame, GetConversation):
+            conv = await agent.get_conversation(frame.conversation_id)
+            if conv is None:
+                raise NotFoundError(f"conversation {frame.conversation_id!r} not found")
+            return conv.record
+        if isinstance(frame, ListConversations):
+            return await agent.conversations_snapshot(offset=frame.offset, limit=frame.limit)
+        if isinstance(frame, SendMessage):
+            message_id = await agent.send(frame.conversation_id, frame.content, frame.context)
+            return MessageAccepted(message_id=message_id)
+        if isinstance(frame, InterruptTurn):
+            return InterruptResult(interrupted=await agent.interrupt(frame.conversation_id))
+        if isinstance(frame, RenameConversation):
+            return await agent.rename_conversation(frame.conversation_id, frame.title)
+        if isinstance(frame, DeleteConversation):
+            if not await agent.delete_conversation(frame.conversation_id):
+                raise NotFoundError(f"conversation {frame.conversation_id!r} not found")
+            return None
+        if isinstance(frame, GetSnapshot):
+            return await agent.chat_snapshot(frame.conversation_id)
+        if isinstance(frame, Unsubscribe):
+            entry = self.subs.pop(frame.subscription, None)
+            if entry is None:
+                raise NotFoundError(f"no subscription {frame.subscription!r}")
+            scope, finished = entry
+            scope.cancel()
+            # Answer once it is gone: after the reply no frame of it follows, and the hub has
+            # forgotten its subscriber.
+            await finished.wait()
+            return None
+        assert_never(frame)
+
+    # --- subscriptions ---------------------------------------------------------------------------
+
+    async def subscribe(self, frame: Subscribe) -> None:
+        """Validate, then start the subscription; its reply is queued before any of its events.
+        Raises InvalidInputError, NotFoundError, OutboxGapError (answered as error frames)."""
+        if frame.id in self.subs:
+            raise InvalidInputError(f"subscription id {frame.id!r} is already in use")
+        if len(self.subs) >= MAX_SUBSCRIPTIONS:
+            raise InvalidInputError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per socket")
+        conversation_id = frame.conversation_id
+        if frame.stream in ("conversation", "live"):
+            if not conversation_id:
+                raise InvalidInputError(f"a {frame.stream} subscription needs conversation_id")
+            if await self.agent.get_conversation(conversation_id) is None:
+                raise NotFoundError(f"conversation {conversation_id!r} not found")
+        after: Cursor | None = None
+        source: AsyncIterator[Any]
+        to_raws: Callable[[Any], list[bytes]]
+        if frame.stream == "live":
+            if frame.after:
+                raise InvalidInputError("live streams have no cursor: drop `after`")
+            assert conversation_id is not None
+            source = self.hub.online_events(conversation_id)
+            to_raws = _live_raws
+        else:
+            after = Cursor.parse(frame.after) if frame.after else self.hub.current_cursor()
+            self.hub.check(after)
+            kind = "agent" if frame.stream == "agent" else None
+            cid = conversation_id if frame.stream == "conversation" else None
+            source = self.hub.stream(after, conversation_id=cid, kind=kind)
+            to_raws = _durable_raws
+        ends = partial(_deleted, conversation_id) if frame.stream == "conversation" else None
+        scope = trio.CancelScope()
+        finished = trio.Event()
+        self.subs[frame.id] = (scope, finished)
+        replied = trio.Event()
+        assert self.nursery is not None
+        await self.nursery.start(
+            self.pump, frame.id, scope, finished, source, to_raws, ends, replied
+        )
+        await self.send(
+            Reply(
+                id=frame.id,
+                result=SubscribeResult(
+                    subscription=frame.id, after=None if after is None else str(after)
+                ),
+            )
+        )
+        replied.set()
+
+    async def pump(
+        self,
+        sub_id: str,
+        scope: trio.CancelScope,
+        finished: trio.Event,
+        source: AsyncIterator[Any],
+        to_raws: Callable[[Any], list[bytes]],
+        ends: Callable[[Any], bool] | None,
+        replied: trio.Event,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """One subscription. ``started`` once the hub subscriber is registered: the hub does
+        that in the first step of the iteration, before its first checkpoint."""
+        key = encode(sub_id)
+        try:
+            with scope:
+                async with aclosing(source):  # type: ignore[type-var]
+                    task_status.started()
+                    try:
+                        async for item in source:
+                            await replied.wait()
+                            for data in events_frames(key, to_raws(item)):
+                                await self.out_send.send(data)
+                            if ends is not None and ends(item):
+                                await self.send(Ended(subscription=sub_id, reason="deleted"))
+                                return
+                        # Only a live stream ends by itself: its reader fell too far behind.
+                        await self.send(Ended(subscription=sub_id, reason="overflow"))
+                    except AgentikError as exc:  # OutboxGapError, RuntimeClosedError
+                        await replied.wait()
+                        await self.send(ErrorFrame(subscription=sub_id, error=detail_of(exc)))
+                    except Exception:
+                        log.exception("websocket subscription %r failed", sub_id)
+                        await replied.wait()
+                        await self.send(
+                            ErrorFrame(
+                                subscription=sub_id,
+                                error=ErrorDetail(code="internal", message="subscription failed"),
+                            )
+                        )
+        finally:
+            entry = self.subs.get(sub_id)
+            if entry is not None and entry[0] is scope:
+                del self.subs[sub_id]
+            finished.set()
+
+
+def _durable_raws(batch: Any) -> list[bytes]:
+    return [ev.raw for ev in batch]
+
+
+def _live_raws(event: Any) -> list[bytes]:
+    return [encode(event)]
+
+
+def _deleted(conversation_id: str | None, batch: Any) -> bool:
+    return any(
+        isinstance(ev.event.event, Deleted) and ev.event.event.conversation_id == conversation_id
+        for ev in batch
+    )
+
+
+@bp.websocket("/agentik/ws")
+async def ws() -> Response | None:
+    started = time.perf_counter()
+    st = state()
+    status = 101
+    try:
+        try:
+            auth.check(
+                st.cfg.tokens, websocket.headers.get("Authorization"),
+                websocket.args.get("access_token"), allow_query=True,
+            )
+            agent = st.require_agent()
+        except AgentikError as exc:
+            # Not accepted yet: the client gets a plain HTTP error answer.
+            status = status_of(exc)
+            return error_response(exc)
+        await websocket.accept()
+        st.stream_opened()
+        try:
+            await Session(st, agent).run()
+        finally:
+            st.stream_closed()
+        return None
+    finally:
+        log_request(
+            "WS", websocket.path, websocket.query_string, status,
+            websocket.headers.get("X-Client-Id"), started,
+        )

@@ -1,0 +1,56 @@
+"""Storage scenarios: group commit vs one commit per event."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from agentik.storage import ops
+from agentik.storage.actor import Storage, run_storage
+from agentik.wire import Text, UserMessage
+
+
+async def _durable_events_per_s(path: str, *, max_batch: int, writers: int, per_writer: int) -> float:
+    async with trio.open_nursery() as nursery:
+        storage: Storage = await nursery.start(
+            partial(run_storage, path, synchronous="FULL", max_batch=max_batch)
+        )
+        await storage.write(ops.CreateConversation(conversation_id="c", title=None, is_temporal=False,
+                                                   now=time.time(), system_prompt="s"))
+        message = UserMessage(content=[Text(body="x" * 200)])
+
+        async def writer(w: int) -> None:
+            for i in range(per_writer):
+                await storage.write(ops.AppendUserMessage(
+                    conversation_id="c", message_id=f"{w}-{i}", message=message, now=time.time()))
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as inner:
+            for w in range(writers):
+                inner.start_soon(writer, w)
+        elapsed = time.perf_counter() - start
+        nursery.cancel_scope.cancel()
+    return writers * per_writer / elapsed
+
+
+async def storage_group_commit(quick: bool) -> dict[str, Any]:
+    """Durable events/s through the StorageActor, 64 concurrent writers, synchronous=FULL:
+    group commit (batches up to 512) vs one commit per event (max_batch=1), same run."""
+    writers = 64
+    per_writer = 20 if quick else 80
+    with tempfile.TemporaryDirectory() as tmp:
+        grouped = await _durable_events_per_s(str(Path(tmp) / "g.db"), max_batch=512,
+                                              writers=writers, per_writer=per_writer)
+        single = await _durable_events_per_s(str(Path(tmp) / "s.db"), max_batch=1,
+                                             writers=writers, per_writer=per_writer // 4)
+    return {
+        "name": "storage_group_commit",
+        "events_per_s": round(grouped),
+        "baseline_events_per_s": round(single),
+        "ratio": round(grouped / single, 1),
+    }

@@ -1,0 +1,412 @@
+"""SSE streams against a real hypercorn: a turn watched live and durably, resume with
+Last-Event-ID, 410 after eviction, a stalled subscriber next to a healthy one, release on
+disconnect, heartbeats, batching."""
+
+# ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+
+import h11
+import httpx2
+import trio
+
+from agentik.tools.base import FunctionTools
+from agentik.web.app import WebState
+from agentik.web.sse import OPENED, PUMP_BUFFER, EventStream
+from agentik.wire import Cursor
+from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls
+from tests.webutil import (  # noqa: F401 - fixtures are used by name
+    Server,
+    SseEvent,
+    client,
+    config,
+    make_config,
+    no_error_logs,
+    open_sse,
+    openai,
+    parse_sse,
+    serve_app,
+    server,
+    tcp_send_buffer_max,
+)
+
+
+async def create(client: httpx2.AsyncClient, **body: Any) -> str:
+    response = await client.post("/agentik/conversations", json=body)
+    assert response.status_code == 201, response.text
+    cid: str = response.json()["id"]
+    return cid
+
+
+async def send(client: httpx2.AsyncClient, cid: str, text: str) -> str:
+    response = await client.post(
+        f"/agentik/conversations/{cid}/messages", json={"content": [{"type": "text", "body": text}]}
+    )
+    assert response.status_code == 202, response.text
+    message_id: str = response.json()["message_id"]
+    return message_id
+
+
+async def rename(client: httpx2.AsyncClient, cid: str, title: str) -> int:
+    response = await client.patch(f"/agentik/conversations/{cid}", json={"title": title})
+    assert response.status_code == 200, response.text
+    seq: int = response.json()["seq"]
+    return seq
+
+
+def check_durable(frames: list[SseEvent], epoch: str) -> list[int]:
+    """Every durable frame: id == its CommonEvent cursor, event == its type; returns offsets."""
+    offsets = []
+    for frame in frames:
+        common = frame.common()
+        assert common.cursor is not None
+        assert frame.id == f"{epoch}:{common.cursor.offset}" == str(common.cursor)
+        assert frame.event == common.type
+        offsets.append(common.cursor.offset)
+    return offsets
+
+
+async def test_turn_over_sse(
+    client: httpx2.AsyncClient, server: Server, openai: ScriptedOpenAI
+) -> None:
+    epoch = server.agent.id
+    cid = await create(client)
+    openai.push(Reply("Hello there friend"))
+    async with (
+        open_sse(client, "/agentik/events") as everything,
+        open_sse(client, f"/agentik/conversations/{cid}/events") as durable,
+        open_sse(client, f"/agentik/conversations/{cid}/live") as live,
+    ):
+        assert durable.response.headers["content-type"].startswith("text/event-stream")
+        assert durable.response.headers["X-Agentik-Cursor"] == f"{epoch}:1"
+        message_id = await send(client, cid, "hi")
+        with trio.fail_after(10):
+            online = await live.until("end")
+            conv_frames = await durable.until("touched")
+            all_frames = await everything.until("touched")
+
+    assert [f.event for f in online] == [
+        "working", "start_response", "append_text", "append_text", "append_text", "end",
+    ]
+    assert all(f.id is None for f in online)  # live frames carry no ids
+    assert "".join(f.json()["event"]["text"] for f in online if f.event == "append_text") == (
+        "Hello there friend"
+    )
+    assert all(f.common().cursor is None and f.common().conversation_id == cid for f in online)
+
+    assert [f.event for f in conv_frames] == ["user_message", "assistant_message", "touched"]
+    offsets = check_durable(conv_frames, epoch)
+    assert offsets == [2, 3, 4]
+    assert conv_frames[0].json()["event"]["record"]["id"] == message_id
+    assert [f.data for f in all_frames] == [f.data for f in conv_frames]
+
+
+async def test_resume_with_last_event_id(
+    client: httpx2.AsyncClient, server: Server
+) -> None:
+    epoch = server.agent.id
+    cid = await create(client)
+    start = (await client.get("/agentik/cursor")).json()["current"]
+    for i in range(5):
+        await rename(client, cid, f"t{i}")
+    async with open_sse(client, "/agentik/events", after=start) as stream:
+        with trio.fail_after(10):
+            first = await stream.take(2)
+    # The client dropped mid-stream: everything it held is released.
+    with trio.fail_after(10):
+        await server.state.wait_open_streams(0)
+    assert server.hub.subscriber_count == 0
+    for i in range(5, 8):
+        await rename(client, cid, f"t{i}")
+    # Reconnect like an EventSource: the original URL plus Last-Event-ID (which wins).
+    async with open_sse(
+        client, "/agentik/events", after=start, headers={"Last-Event-ID": first[-1].id or ""}
+    ) as stream:
+        with trio.fail_after(10):
+            rest = await stream.take(6)
+    offsets = check_durable(first + rest, epoch)
+    assert offsets == list(range(2, 10))  # no gap, no duplicate
+    titles = [f.json()["event"]["title"] for f in first + rest]
+    assert titles == [f"t{i}" for i in range(8)]
+
+
+async def test_without_after_starts_at_the_head(
+    client: httpx2.AsyncClient, server: Server
+) -> None:
+    cid = await create(client)
+    await rename(client, cid, "old")
+    async with open_sse(client, "/agentik/events") as stream:
+        head = stream.response.headers["X-Agentik-Cursor"]
+        assert Cursor.parse(head).offset == 2
+        seq = await rename(client, cid, "new")
+        with trio.fail_after(10):
+            frame = await stream.next_event()
+    assert frame.common().cursor == Cursor(epoch=server.agent.id, offset=seq)
+    assert frame.json()["event"]["title"] == "new"
+
+
+async def test_dead_cursor_is_410(tmp_path: Any, openai: ScriptedOpenAI) -> None:
+    async with serve_app(make_config(tmp_path, openai, outbox_cap=3)) as srv:
+        async with httpx2.AsyncClient(base_url=srv.url, timeout=10) as http:
+            epoch = srv.agent.id
+            cid = await create(http)
+            for i in range(6):
+                await rename(http, cid, f"t{i}")
+            # Head 7, the outbox keeps 5..7, so 4 is the oldest resumable cursor.
+            for path in ("/agentik/events", f"/agentik/conversations/{cid}/events"):
+                gone = await http.get(path, params={"after": f"{epoch}:1"})
+                assert gone.status_code == 410
+                assert gone.json() == {
+                    "error": {
+                        "code": "gap",
+                        "message": gone.json()["error"]["message"],
+                        "oldest": f"{epoch}:4",
+                        "current": f"{epoch}:7",
+                    }
+                }
+                resumed = await http.get(path, headers={"Last-Event-ID": f"{epoch}:3"})
+                assert resumed.status_code == 410
+            # The oldest cursor still resumes.
+            async with open_sse(http, "/agentik/events", after=f"{epoch}:4") as stream:
+                with trio.fail_after(10):
+                    frames = await stream.take(3)
+            assert check_durable(frames, epoch) == [5, 6, 7]
+            with trio.fail_after(10):
+                await srv.state.wait_open_streams(0)
+            assert srv.hub.subscriber_count == 0
+
+
+async def test_conversation_stream_ends_after_delete(
+    client: httpx2.AsyncClient, server: Server
+) -> None:
+    cid = await create(client)
+    async with open_sse(client, f"/agentik/conversations/{cid}/events") as stream:
+        assert (await client.delete(f"/agentik/conversations/{cid}")).status_code == 204
+        with trio.fail_after(10):
+            frames = await stream.rest()
+    assert [f.event for f in frames] == ["conversation_closing", "deleted"]
+
+
+async def test_disconnect_releases_subscribers(
+    client: httpx2.AsyncClient, server: Server
+) -> None:
+    cid = await create(client)
+    async with (
+        open_sse(client, "/agentik/events"),
+        open_sse(client, f"/agentik/conversations/{cid}/events"),
+        open_sse(client, f"/agentik/conversations/{cid}/live"),
+    ):
+        assert server.state.open_streams == 3
+        assert server.hub.subscriber_count == 2
+        assert server.hub.online_subscribers(cid) == 1
+    with trio.fail_after(10):
+        await server.state.wait_open_streams(0)
+    assert server.hub.subscriber_count == 0
+    assert server.hub.online_subscribers(cid) == 0
+
+
+async def test_heartbeat(tmp_path: Any, openai: ScriptedOpenAI) -> None:
+    async with serve_app(make_config(tmp_path, openai), heartbeat=0.05) as srv:
+        async with httpx2.AsyncClient(base_url=srv.url, timeout=10) as http:
+            async with open_sse(http, "/agentik/events") as stream:
+                with trio.fail_after(10):
+                    frames = [await stream.next_frame() for _ in range(3)]
+    assert [f.comment for f in frames] == ["heartbeat"] * 3
+
+
+async def test_queued_batches_go_out_in_one_write() -> None:
+    st = WebState(config=None, llm=None, tools=None, heartbeat=60, on_fatal=lambda exc: None)
+
+    async def pump(
+        send: trio.MemorySendChannel[bytes],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with send:
+            task_status.started()
+            for i in range(3):
+                await send.send(f"data: {i}\n\n".encode())
+
+    body = EventStream(st, pump, heartbeat=60)
+    chunks = []
+    async with body:
+        assert st.open_streams == 1
+        chunks.append(await body.__anext__())
+        await trio.testing.wait_all_tasks_blocked()  # the pump queued all three and ended
+        async for chunk in body:
+            chunks.append(chunk)
+    assert st.open_streams == 0
+    assert chunks == [OPENED, b"data: 0\n\ndata: 1\n\ndata: 2\n\n"]
+
+
+# --- a stalled subscriber next to a healthy one --------------------------------------------------
+
+
+async def raw_sse_request(url: str, path: str) -> tuple[trio.SocketStream, h11.Connection]:
+    """Open an SSE request on a socket with a tiny receive buffer, read the response head, and
+    never read more: the server's writes to it soon block."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((host, int(port)))
+    stream = trio.SocketStream(sock)
+    conn = h11.Connection(h11.CLIENT)
+    await stream.send_all(
+        conn.send(h11.Request(method="GET", target=path, headers=[("Host", host)])) or b""
+    )
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(4096))
+            continue
+        assert isinstance(event, h11.Response) and event.status_code == 200, event
+        return stream, conn
+
+
+async def read_raw_sse(stream: trio.SocketStream, conn: h11.Connection) -> AsyncIterator[str]:
+    buffer = ""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+            continue
+        if isinstance(event, h11.Data):
+            buffer += bytes(event.data).decode()
+            *lines, buffer = buffer.split("\n")
+            for line in lines:
+                yield line
+            continue
+        return
+
+
+async def test_stalled_subscriber_does_not_hold_back_others(
+    tmp_path: Any, openai: ScriptedOpenAI
+) -> None:
+    config = make_config(tmp_path, openai, subscriber_buffer=4)
+    async with serve_app(config) as srv:
+        async with httpx2.AsyncClient(base_url=srv.url, timeout=30) as http:
+            epoch = srv.agent.id
+            cid = await create(http)
+            start = (await http.get("/agentik/cursor")).json()["current"]
+            stalled, stalled_conn = await raw_sse_request(srv.url, f"/agentik/events?after={start}")
+            # Enough bytes to fill the kernel buffers of the stalled socket several times over.
+            title = "x" * 200_000
+            # (kernel send buffer + the pump's queue + the hub buffer, with a wide margin)
+            count = (3 * tcp_send_buffer_max()) // len(title) + PUMP_BUFFER + 20
+            async with open_sse(http, "/agentik/events", after=start) as healthy:
+                with trio.fail_after(60):
+                    received: list[SseEvent] = []
+                    async with trio.open_nursery() as nursery:
+
+                        async def read_all() -> None:
+                            received.extend(await healthy.take(count))
+
+                        nursery.start_soon(read_all)
+                        for i in range(count):
+                            await rename(http, cid, f"{i}:{title}")
+                assert check_durable(received, epoch) == list(range(2, 2 + count))
+                # The stalled stream is blocked in a socket write, its hub buffer overflowed and
+                # was dropped: only the healthy subscriber is registered now.
+                assert srv.hub.subscriber_count == 1
+
+            # Now the stalled client reads: it gets every event too, in order, exactly once
+            # (its stream fell back to the stored outbox and caught up).
+            with trio.fail_after(60):
+                frames: list[SseEvent] = []
+                async for frame in parse_sse(read_raw_sse(stalled, stalled_conn)):
+                    if frame.comment is None:
+                        frames.append(frame)
+                        if len(frames) == count:
+                            break
+            assert check_durable(frames, epoch) == list(range(2, 2 + count))
+            assert [f.json()["event"]["title"].split(":")[0] for f in frames] == [
+                str(i) for i in range(count)
+            ]
+            await stalled.aclose()
+            with trio.fail_after(10):
+                await srv.state.wait_open_streams(0)
+            assert srv.hub.subscriber_count == 0
+
+
+async def test_many_events_arrive_batched(client: httpx2.AsyncClient, server: Server) -> None:
+    """Replay of many stored events: every one arrives once, in order (it is sent in batches)."""
+    cid = await create(client)
+    start = (await client.get("/agentik/cursor")).json()["current"]
+    async with trio.open_nursery() as nursery:
+        for i in range(60):
+            nursery.start_soon(partial(rename, client, cid, f"t{i}"))
+    async with open_sse(client, "/agentik/events", after=start) as stream:
+        with trio.fail_after(10):
+            frames = await stream.take(60)
+    assert check_durable(frames, server.agent.id) == list(range(2, 62))
+
+
+async def test_head_and_options_on_a_stream(client: httpx2.AsyncClient, server: Server) -> None:
+    head = await client.head("/agentik/events")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"].startswith("text/event-stream")
+    assert (await client.head("/agentik/events", params={"after": "x:1"})).status_code == 410
+    assert (await client.options("/agentik/events")).status_code == 200
+    assert (await client.get("/agentik/cursor")).status_code == 200  # the connection still works
+    assert server.state.open_streams == 0
+
+
+async def test_stalled_reader_overtaken_by_eviction_gets_a_gap_frame(
+    tmp_path: Any, openai: ScriptedOpenAI
+) -> None:
+    config = make_config(tmp_path, openai, subscriber_buffer=2, outbox_cap=5)
+    async with serve_app(config) as srv:
+        async with httpx2.AsyncClient(base_url=srv.url, timeout=30) as http:
+            epoch = srv.agent.id
+            cid = await create(http)
+            start = (await http.get("/agentik/cursor")).json()["current"]
+            stalled, conn = await raw_sse_request(srv.url, f"/agentik/events?after={start}")
+            title = "x" * 200_000
+            count = (3 * tcp_send_buffer_max()) // len(title) + PUMP_BUFFER + 20
+            with trio.fail_after(60):
+                for i in range(count):
+                    await rename(http, cid, f"{i}:{title}")
+                # Its hub buffer overflowed while it was stalled, and the outbox kept only the
+                # last 5 events, so it cannot catch up: after what it already had, a gap frame.
+                frames: list[SseEvent] = []
+                async for frame in parse_sse(read_raw_sse(stalled, conn)):
+                    if frame.comment is None:
+                        frames.append(frame)
+            await stalled.aclose()
+            assert frames[-1].event == "gap"
+            error = frames[-1].json()["error"]
+            assert error["code"] == "gap"
+            assert error["current"] == f"{epoch}:{count + 1}"
+            offsets = check_durable(frames[:-1], epoch)
+            assert offsets == list(range(2, 2 + len(offsets)))  # no hole before the gap
+            assert offsets[-1] < count - 4
+            # Reconnecting from where it stopped is a 410 now.
+            gone = await http.get("/agentik/events", headers={"Last-Event-ID": frames[-2].id or ""})
+            assert gone.status_code == 410
+            with trio.fail_after(10):
+                await srv.state.wait_open_streams(0)
+            assert srv.hub.subscriber_count == 0
+
+
+async def test_tool_turn_over_sse(tmp_path: Any, openai: ScriptedOpenAI) -> None:
+    tools = FunctionTools()
+    tools.add(lambda a, b: a + b, name="add", description="Add two numbers")
+    openai.push(ToolCalls([("call_1", "add", '{"a": 1, "b": 2}')]), Reply("It is 3."))
+    async with serve_app(make_config(tmp_path, openai), tools=tools) as srv:
+        async with httpx2.AsyncClient(base_url=srv.url, timeout=10) as http:
+            cid = await create(http)
+            async with open_sse(http, f"/agentik/conversations/{cid}/events") as stream:
+                await send(http, cid, "1 + 2?")
+                with trio.fail_after(10):
+                    frames = await stream.until("touched")
+    assert [f.event for f in frames] == [
+        "user_message", "tool_call", "tool_result", "assistant_message", "touched",
+    ]
+    result = frames[2].json()["event"]["record"]["message"]
+    assert result["content"] == "3" and result["is_error"] is False
+    check_durable(frames, Cursor.parse(frames[0].id or "").epoch)
