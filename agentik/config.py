@@ -33,6 +33,10 @@ class Config:
     context_window: int = 0
     litert_model_path: str | None = None
     litert_threads: int = 2
+    #: rounds generating at once on the LiteRT-LM engine; excess turns wait
+    litert_max_concurrency: int = 1
+    #: most tokens one LiteRT-LM round may generate (0 = until the model stops or the window is full)
+    litert_max_output_tokens: int = 0
     mcp_config: str | None = None
     tokens: tuple[str, ...] = ()
     #: durable events kept in the outbox (newest N)
@@ -86,6 +90,8 @@ class Config:
         get("AGENTIK_CONTEXT_WINDOW", "context_window", _non_negative_int)
         get("AGENTIK_LITERT_MODEL_PATH", "litert_model_path", str)
         get("AGENTIK_LITERT_THREADS", "litert_threads", _positive_int)
+        get("AGENTIK_LITERT_MAX_CONCURRENCY", "litert_max_concurrency", _positive_int)
+        get("AGENTIK_LITERT_MAX_OUTPUT_TOKENS", "litert_max_output_tokens", _non_negative_int)
         get("AGENTIK_MCP_CONFIG", "mcp_config", str)
         get("AGENTIK_TOKENS", "tokens", _tokens)
         get("AGENTIK_OUTBOX_CAP", "outbox_cap", _positive_int)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from agentik.config import Config
-from agentik.errors import ConfigError
+from agentik.errors import ConfigError, LlmError
 from agentik.llm.base import LiteLlm
 from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
@@ -59,10 +59,10 @@ def make_llm(config: Config) -> LiteLlm:
         return OpenAiLlm.from_config(config)
     if config.llm_backend == "litert":
         try:
-            from agentik.llm.litert import LiteRtLlm  # type: ignore[import-not-found,unused-ignore]
+            from agentik.llm.litert import LiteRtLlm
         except ImportError as exc:
             raise ConfigError("AGENTIK_LLM_BACKEND", f"the litert backend is not available: {exc}") from exc
-        return LiteRtLlm.from_config(config)  # type: ignore[no-any-return,unused-ignore]
+        return LiteRtLlm.from_config(config)
     raise ConfigError("AGENTIK_LLM_BACKEND", f"unknown backend {config.llm_backend!r}")
 
 
@@ -84,6 +84,15 @@ async def open_runtime(
     config = config or Config.from_env()
     own_llm = llm is None
     the_llm = make_llm(config) if llm is None else llm
+    load = getattr(the_llm, "load", None)
+    if own_llm and load is not None:
+        # An embedded engine loads at start-up: a corrupt model file stops the server now
+        # instead of failing the first turn, and the context window is known from the start.
+        try:
+            await load()
+        except LlmError as exc:
+            await the_llm.aclose()
+            raise ConfigError("AGENTIK_LITERT_MODEL_PATH", str(exc)) from exc
     try:
         async with _unwrap_single(), trio.open_nursery() as root:
             # Storage runs shielded and is stopped explicitly, last: when the caller is
