@@ -500,3 +500,35 @@ async def test_runtime_cancelled_from_outside_still_closes_turns(
         assert kinds == ["UserMessage", "AssistantMessage", "Error"]  # closed at shutdown, not restart
         messages = await agent.journal.list(conversation_id=conv_id)
         assert messages[-1].message.code == "cancelled"  # type: ignore[union-attr]
+
+
+async def test_interrupt_during_a_tool_call_closes_the_call(
+    config: Config, scripted: ScriptedOpenAI
+) -> None:
+    tools = FunctionTools()
+    started = trio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await trio.sleep_forever()
+        return ""
+
+    tools.add(slow)
+    scripted.push(ToolCalls([("c1", "slow", "{}")], text_before="Working on it. "), Reply("ok"))
+    async with open_runtime(config, tools=tools) as agent:
+        conv = await agent.create_conversation()
+        cursor = await agent.outbox.current_cursor()
+        await conv.send("go")
+        with trio.fail_after(10):
+            await started.wait()
+        assert await conv.interrupt()
+        events = await take_until(agent.outbox.conversation_events(cursor, conv.id),
+                                  is_type("touched"))
+        assert [e.type for e in events] == ["user_message", "tool_call", "tool_failed",
+                                            "assistant_message", "interrupted", "touched"]
+        assert events[3].event.record.message.content == [Text(body="Working on it. ")]  # type: ignore[union-attr]
+        await run_turn(agent, conv, "next")
+        history = scripted.requests[-1]["messages"]
+        assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "user"]
+        assert history[2]["content"] == "Working on it. "  # said once, not twice
+        assert history[3]["tool_call_id"] == "c1"

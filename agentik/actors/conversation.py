@@ -272,6 +272,8 @@ class ConversationActor:
                     now=time.time(),
                 )
             )
+            state.round_recorded = True
+            state.pending_calls = list(calls)
             for call in calls:
                 result = await self._run_tool(call, turn.turn_id)
                 self.llm_conv.add_tool_result(call.call_id, call.name, result.content)
@@ -282,6 +284,7 @@ class ConversationActor:
                         now=time.time(),
                     )
                 )
+                state.pending_calls.remove(call)
         answer = logic.final_message(state)
         assert answer is not None
         # Shielded: an interrupt landing now must not store a second, "interrupted" ending for a
@@ -368,6 +371,7 @@ class ConversationActor:
         text_item = logic.final_item(state) if partial is not None else None
         state.finished = True
         with trio.CancelScope(shield=True):
+            await self._close_pending_calls(state, "the turn ended before this tool call finished")
             await self._finish_safely(
                 ops.FinishTurn(
                     conversation_id=self.h.conversation_id, turn_id=turn.turn_id,
@@ -390,6 +394,7 @@ class ConversationActor:
                            "conversation was closed", code="cancelled", turn_id=turn.turn_id))
         state.finished = True
         with trio.CancelScope(shield=True):
+            await self._close_pending_calls(state, "the turn ended before this tool call finished")
             await self._finish_safely(
                 ops.FinishTurn(
                     conversation_id=self.h.conversation_id, turn_id=turn.turn_id,
@@ -399,6 +404,21 @@ class ConversationActor:
                 )
             )
             self.online(End(turn_id=turn.turn_id))
+
+    async def _close_pending_calls(self, state: logic.TurnState, why: str) -> None:
+        """Give every stored tool call of the round a ToolFailed, so no client shows a call
+        that never ends and the model's history has an answer for each call."""
+        for call in state.pending_calls:
+            result = ToolResult(call_id=call.call_id, name=call.name, content=why, is_error=True,
+                                turn_id=state.turn_id)
+            try:
+                await self.deps.storage.write(ops.AppendToolResult(
+                    conversation_id=self.h.conversation_id, message_id=uuid.uuid4().hex,
+                    result=result, item=ToolItem(call_id=call.call_id, name=call.name, content=why),
+                    now=time.time()))
+            except (NotFoundError, StorageError, RuntimeClosedError) as exc:
+                log.warning("could not close tool call %s: %s", call.call_id, exc)
+        state.pending_calls = []
 
     async def _finish_safely(self, op: ops.FinishTurn) -> None:
         try:

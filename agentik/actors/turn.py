@@ -70,6 +70,10 @@ class TurnState:
     last_prompt_tokens: int = 0
     #: a terminal record (answer, error or interruption) was written: never write another
     finished: bool = False
+    #: this round's text is already in working memory (with its tool calls)
+    round_recorded: bool = False
+    #: tool calls of this round stored without a result yet
+    pending_calls: list[ToolCallSpec] = field(default_factory=list)
 
 
 def new_round(state: TurnState) -> None:
@@ -80,6 +84,8 @@ def new_round(state: TurnState) -> None:
     state.finish_reason = None
     state.started_response = False
     state.started_reasoning = False
+    state.round_recorded = False
+    state.pending_calls = []
     state.rounds += 1
 
 
@@ -179,7 +185,7 @@ def final_message(state: TurnState, *, interrupted: bool = False) -> AssistantMe
 def final_item(state: TurnState) -> AssistantItem:
     """The working-memory item closing the turn: the last round's text (earlier rounds' text is
     already in working memory with their tool calls)."""
-    text = "".join(state.round_text)
+    text = "" if state.round_recorded else "".join(state.round_text)
     return AssistantItem(content=[Text(body=text)] if text else [])
 
 
