@@ -149,10 +149,15 @@ class LocalConversation:
     async def get_messages(
         self, after_seq: int = 0, offset: int = 0, limit: int = 100
     ) -> list[MessageRecord]:
-        return await self._agent._deps.storage.reader.run(
+        page: list[MessageRecord] = await self._agent._deps.storage.reader.run(
             q.get_messages, self.id, _non_negative("after_seq", after_seq),
             _non_negative("offset", offset), _limit(limit),
         )
+        if not page and await self._agent._deps.storage.reader.run(
+            q.get_conversation, self.id
+        ) is None:
+            raise NotFoundError(f"conversation {self.id!r} not found")
+        return page
 
     async def rename(self, title: str | None) -> ConversationRecord:
         self.record = await self._agent.rename_conversation(self.id, title)

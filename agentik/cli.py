@@ -3,7 +3,9 @@
 ``agentik serve``  runs the web app (``agentik.web``) in hypercorn's trio worker, in this process,
                    on ``AGENTIK_PORT`` (SPEC §1). SIGINT/SIGTERM shut down gracefully (exit 0); a
                    runtime that dies while serving shuts the server down too (exit 1).
-``agentik chat``   a terminal chat client (not implemented yet; see ``_chat``).
+``agentik chat``   a terminal chat against a running server (``agentik.client.chat``):
+                   ``--url`` (default AGENTIK_URL, else http://127.0.0.1:AGENTIK_PORT),
+                   ``--token`` (default AGENTIK_TOKEN), ``--conversation ID``.
 
 Exit codes: 0 clean shutdown, 1 the runtime failed (at start-up or later), 2 bad configuration or
 usage.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -37,9 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--graceful-timeout", type=float, default=3.0,
                        help="seconds open streams get to finish at shutdown (default 3)")
 
-    # `agentik chat` goes here: a terminal client over agentik.client (SPEC §1). Its options
-    # (server URL, token, conversation id) belong to whoever implements it.
-    sub.add_parser("chat", help="chat from the terminal (not implemented yet)")
+    chat = sub.add_parser("chat", help="chat from the terminal with a running server")
+    chat.add_argument("--url", default=None,
+                      help="server URL (default AGENTIK_URL, else http://127.0.0.1:AGENTIK_PORT)")
+    chat.add_argument("--token", default=None, help="bearer token (default AGENTIK_TOKEN)")
+    chat.add_argument("--conversation", default=None, metavar="ID",
+                      help="continue this conversation (default: pick one or start a new one)")
     return parser
 
 
@@ -53,8 +59,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    print("agentik chat: not implemented yet", file=sys.stderr)
-    return 2
+    from agentik.client.chat import run_chat
+
+    url = args.url or os.environ.get("AGENTIK_URL")
+    if not url:
+        port = os.environ.get("AGENTIK_PORT") or "8080"
+        url = f"http://127.0.0.1:{port}"
+    token = args.token or os.environ.get("AGENTIK_TOKEN") or None
+    # Quiet: the chat prints its own messages; library log lines would garble the terminal.
+    logging.basicConfig(level=logging.WARNING)
+    return trio.run(run_chat, url, token, args.conversation)
 
 
 def _serve_command(args: argparse.Namespace) -> int:

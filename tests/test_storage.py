@@ -294,4 +294,4 @@ def test_one_writer_per_database(tmp_path: Path) -> None:
 async def test_clean_shutdown_checkpoints_the_wal(db_path: str) -> None:
     async with open_storage(db_path) as st:
         await create(st)
-    assert not Path(db_path + "-wal").exists()
+    assert not await trio.Path(db_path + "-wal").exists()

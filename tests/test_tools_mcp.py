@@ -524,7 +524,8 @@ async def test_interrupt_cancels_a_running_mcp_tool_call(
         await trio.testing.wait_all_tasks_blocked()  # the call is waiting on the server
         assert await conv.interrupt() is True
         events += await events_until(agent, conv, events[-1].cursor)
-        assert [e.type for e in events] == ["user_message", "tool_call", "tool_failed", "interrupted", "touched"]
+        assert [e.type for e in events] == [
+            "user_message", "tool_call", "tool_failed", "interrupted", "touched"]
 
         cursor = await agent.outbox.current_cursor()
         await conv.send("go on")

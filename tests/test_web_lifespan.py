@@ -305,7 +305,8 @@ async def test_agentik_serve_bad_config_and_chat(tmp_path: Path) -> None:
         with trio.fail_after(60):
             assert await p.exit_code() == 2
     assert "AGENTIK_PORT" in p.output
-    async with spawn([sys.executable, "-m", "agentik.cli", "chat"], env, tmp_path) as p:
+    chat = [sys.executable, "-m", "agentik.cli", "chat", "--url", "http://127.0.0.1:9"]
+    async with spawn(chat, env, tmp_path) as p:
         with trio.fail_after(60):
-            assert await p.exit_code() == 2
-    assert "not implemented yet" in p.output
+            assert await p.exit_code() == 1
+    assert "cannot reach the agentik server" in p.output

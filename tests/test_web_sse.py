@@ -410,3 +410,21 @@ async def test_tool_turn_over_sse(tmp_path: Any, openai: ScriptedOpenAI) -> None
     result = frames[2].json()["event"]["record"]["message"]
     assert result["content"] == "3" and result["is_error"] is False
     check_durable(frames, Cursor.parse(frames[0].id or "").epoch)
+
+
+async def test_resuming_a_deleted_conversations_stream_shows_its_deletion(
+    client: httpx2.AsyncClient, server: Server
+) -> None:
+    """A client that was away while the conversation was deleted resumes its stream from its
+    cursor and sees the deletion; without a cursor the id is unknown (404)."""
+    cid = await create(client)
+    cursor = (await client.get("/agentik/cursor")).json()["current"]
+    assert (await client.delete(f"/agentik/conversations/{cid}")).status_code == 204
+    path = f"/agentik/conversations/{cid}/events"
+    assert (await client.get(path)).status_code == 404
+    async with open_sse(client, path, after=cursor) as stream:
+        with trio.fail_after(10):
+            frames = await stream.rest()
+    assert [f.event for f in frames] == ["conversation_closing", "deleted"]
+    head = (await client.get("/agentik/cursor")).json()["current"]
+    assert (await client.get(path, params={"after": head})).status_code == 404

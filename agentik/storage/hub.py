@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import trio
 
 from agentik.errors import OutboxGapError
-from agentik.storage.queries import Reader, outbox_page
+from agentik.storage.queries import Reader, has_conversation_events, outbox_page
 from agentik.storage.writer import StoredEvent
 from agentik.wire import CommonEvent, Cursor, OnlineEvent
 
@@ -167,6 +167,11 @@ class EventHub:
             finally:
                 self._subs.discard(sub)
                 send.close()
+
+    async def has_events_after(self, conversation_id: str, after: Cursor) -> bool:
+        """Whether the stored outbox holds events of ``conversation_id`` after ``after`` (e.g. the
+        Deleted of a conversation that is gone now)."""
+        return await self.reader.run(has_conversation_events, conversation_id, after.offset)
 
     async def events(
         self, after: Cursor | None, *, conversation_id: str | None = None, kind: str | None = None

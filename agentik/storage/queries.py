@@ -136,6 +136,14 @@ def outbox_page(
     return oldest, head, events
 
 
+def has_conversation_events(conn: sqlite3.Connection, conversation_id: str, after: int) -> bool:
+    row = conn.execute(
+        'SELECT 1 FROM outbox WHERE conversation_id=? AND "offset" > ? LIMIT 1',
+        (conversation_id, after),
+    ).fetchone()
+    return row is not None
+
+
 class Reader:
     """A small pool of read connections used from worker threads.
 

@@ -234,7 +234,11 @@ async def conversation_events(conversation_id: str) -> Response:
     st = state()
     hub = st.hub
     after = start_cursor(hub)
-    await _require_conversation(st, conversation_id)
+    resuming = bool(request.headers.get("Last-Event-ID") or request.args.get("after"))
+    if not (resuming and await hub.has_events_after(conversation_id, after)):
+        # A conversation deleted while the client was away is still streamed from its cursor,
+        # so the client sees the Deleted event; otherwise an unknown id is a 404.
+        await _require_conversation(st, conversation_id)
     return stream_response(st, partial(durable_pump, hub, after, conversation_id), after)
 
 

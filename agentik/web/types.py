@@ -1,237 +1,78 @@
-"""Request bodies, response bodies and WebSocket frames of the HTTP facade (SPEC §6).
+"""Request/response bodies and WebSocket frames of the HTTP facade: defined in
+:mod:`agentik.protocol` (importable without quart) and re-exported here for the web layer."""
 
-Pure msgspec, no web framework: the client library can import these to speak the protocol, and
-``agentik.web.openapi`` generates the OpenAPI schemas from them. Conversations, messages, events
-and snapshots travel as the wire structs of :mod:`agentik.wire` unchanged.
-
-Cursors outside CommonEvent JSON (query parameters, SSE ids, the ``current``/``oldest`` fields
-here) are the string ``EPOCH:OFFSET``; inside CommonEvent and snapshots they are the ``Cursor``
-struct.
-"""
-
-from __future__ import annotations
-
-from typing import Any, Literal
-
-import msgspec
-
-from agentik.wire import (
-    CommonEvent,
-    Content,
-    MessageContext,
-    Tagged,
-    Wire,
+from agentik.protocol import (
+    AgentInfo,
+    Capabilities,
+    ClientFrame,
+    Command,
+    CountResult,
+    CreateConversation,
+    CreateConversationBody,
+    CursorPair,
+    DeleteConversation,
+    Ended,
+    ErrorBody,
+    ErrorDetail,
+    ErrorFrame,
+    Events,
+    GetConversation,
+    GetSnapshot,
+    Health,
+    InterruptResult,
+    InterruptTurn,
+    ListConversations,
+    MessageAccepted,
+    Ping,
+    Pong,
+    RenameConversation,
+    RenameConversationBody,
+    Reply,
+    SendMessage,
+    SendMessageBody,
+    ServerFrame,
+    Subscribe,
+    SubscribeResult,
+    ToolsStatus,
+    Unsubscribe,
+    decode_client_frame,
+    decode_server_frame,
 )
 
-# --- HTTP request bodies -------------------------------------------------------------------------
-
-
-class CreateConversationBody(Wire, frozen=True, kw_only=True):
-    """``POST /agentik/conversations``. An empty body means ``{}``."""
-
-    temp: bool = False
-    title: str | None = None
-
-
-class RenameConversationBody(Wire, frozen=True, kw_only=True):
-    """``PATCH /agentik/conversations/{id}``; ``null`` clears the title."""
-
-    title: str | None
-
-
-class SendMessageBody(Wire, frozen=True, kw_only=True):
-    """``POST /agentik/conversations/{id}/messages``."""
-
-    content: list[Content]
-    context: MessageContext | None = None
-
-
-# --- HTTP response bodies ------------------------------------------------------------------------
-
-
-class Capabilities(Wire, frozen=True, kw_only=True):
-    image_input: bool
-    tools: list[str]
-
-
-class AgentInfo(Wire, frozen=True, kw_only=True):
-    """``GET /agentik``. ``id`` is the database epoch: it changes only with a new database."""
-
-    id: str
-    name: str
-    version: str
-    capabilities: Capabilities
-    current: str
-    oldest: str
-
-
-class CursorPair(Wire, frozen=True, kw_only=True):
-    """``GET /agentik/cursor``: the head, and the oldest cursor that can still be resumed from."""
-
-    current: str
-    oldest: str
-
-
-class MessageAccepted(Wire, frozen=True, kw_only=True):
-    message_id: str
-
-
-class InterruptResult(Wire, frozen=True, kw_only=True):
-    interrupted: bool
-
-
-class CountResult(Wire, frozen=True, kw_only=True):
-    count: int
-
-
-class ToolsStatus(Wire, frozen=True, kw_only=True):
-    servers: list[Any] = []
-
-
-class Health(Wire, frozen=True, kw_only=True):
-    status: str
-
-
-class ErrorDetail(Wire, frozen=True, kw_only=True, omit_defaults=True):
-    """``code`` is the AgentikError code (``invalid_input``, ``not_found``, ``gap``, ...).
-    ``oldest``/``current`` are set for ``gap``, ``retry_after`` for ``mailbox_full``."""
-
-    code: str
-    message: str
-    oldest: str | None = None
-    current: str | None = None
-    retry_after: float | None = None
-
-
-class ErrorBody(Wire, frozen=True, kw_only=True):
-    error: ErrorDetail
-
-
-# --- WebSocket frames: client -> server ----------------------------------------------------------
-# Every client frame carries ``id``, a client-chosen request id echoed in the answer. For
-# ``subscribe`` the id also names the subscription.
-
-
-class Subscribe(Tagged, frozen=True, kw_only=True):
-    """``stream``: ``events`` (everything durable), ``agent`` (conversation list only),
-    ``conversation`` (one conversation's durable events) or ``live`` (one conversation's online
-    events). ``after`` is ``EPOCH:OFFSET`` (durable streams only; absent = from now)."""
-
-    id: str
-    stream: Literal["events", "agent", "conversation", "live"]
-    conversation_id: str | None = None
-    after: str | None = None
-
-
-class Unsubscribe(Tagged, frozen=True, kw_only=True):
-    id: str
-    subscription: str
-
-
-class Ping(Tagged, frozen=True, kw_only=True):
-    id: str | None = None
-
-
-class Pong(Tagged, frozen=True, kw_only=True):
-    id: str | None = None
-
-
-class CreateConversation(Tagged, frozen=True, kw_only=True, tag="create"):
-    id: str
-    temp: bool = False
-    title: str | None = None
-
-
-class GetConversation(Tagged, frozen=True, kw_only=True, tag="get"):
-    id: str
-    conversation_id: str
-
-
-class ListConversations(Tagged, frozen=True, kw_only=True, tag="list"):
-    id: str
-    offset: int = 0
-    limit: int = 100
-
-
-class SendMessage(Tagged, frozen=True, kw_only=True, tag="send"):
-    id: str
-    conversation_id: str
-    content: list[Content]
-    context: MessageContext | None = None
-
-
-class InterruptTurn(Tagged, frozen=True, kw_only=True, tag="interrupt"):
-    id: str
-    conversation_id: str
-
-
-class RenameConversation(Tagged, frozen=True, kw_only=True, tag="rename"):
-    id: str
-    conversation_id: str
-    title: str | None
-
-
-class DeleteConversation(Tagged, frozen=True, kw_only=True, tag="delete"):
-    id: str
-    conversation_id: str
-
-
-class GetSnapshot(Tagged, frozen=True, kw_only=True, tag="snapshot"):
-    id: str
-    conversation_id: str
-
-
-Command = (
-    CreateConversation | GetConversation | ListConversations | SendMessage | InterruptTurn
-    | RenameConversation | DeleteConversation | GetSnapshot
-)
-
-ClientFrame = Subscribe | Unsubscribe | Ping | Pong | Command
-
-# --- WebSocket frames: server -> client ----------------------------------------------------------
-
-
-class Reply(Tagged, frozen=True, kw_only=True):
-    """The answer to a command: ``result`` is what the matching HTTP route returns (a
-    ConversationRecord, a snapshot, ``{"message_id"}``, ...; ``null`` for delete/unsubscribe)."""
-
-    id: str
-    result: Any = None
-
-
-class ErrorFrame(Tagged, frozen=True, kw_only=True, tag="error"):
-    """A failed command (``id`` = its request id; ``null`` when the frame could not be read) or a
-    subscription that ended with an error (``subscription`` set; e.g. ``gap``)."""
-
-    id: str | None = None
-    subscription: str | None = None
-    error: ErrorDetail
-
-
-class Events(Tagged, frozen=True, kw_only=True):
-    """Events of one subscription, in order; everything queued at once goes in one frame."""
-
-    subscription: str
-    events: list[CommonEvent]
-
-
-class Ended(Tagged, frozen=True, kw_only=True):
-    """A subscription ended by itself. ``reason``: ``deleted`` (its conversation was deleted;
-    sent after the Deleted event) or ``overflow`` (a live stream fell too far behind)."""
-
-    subscription: str
-    reason: str
-
-
-ServerFrame = Reply | ErrorFrame | Events | Ended | Ping | Pong
-
-
-class SubscribeResult(Wire, frozen=True, kw_only=True):
-    """``result`` of a subscribe reply: the cursor the stream starts after (null for live)."""
-
-    subscription: str
-    after: str | None = None
-
-
-decode_client_frame = msgspec.json.Decoder(ClientFrame).decode
-decode_server_frame = msgspec.json.Decoder(ServerFrame).decode
+__all__ = [
+    "AgentInfo",
+    "Capabilities",
+    "ClientFrame",
+    "Command",
+    "CountResult",
+    "CreateConversation",
+    "CreateConversationBody",
+    "CursorPair",
+    "DeleteConversation",
+    "Ended",
+    "ErrorBody",
+    "ErrorDetail",
+    "ErrorFrame",
+    "Events",
+    "GetConversation",
+    "GetSnapshot",
+    "Health",
+    "InterruptResult",
+    "InterruptTurn",
+    "ListConversations",
+    "MessageAccepted",
+    "Ping",
+    "Pong",
+    "RenameConversation",
+    "RenameConversationBody",
+    "Reply",
+    "SendMessage",
+    "SendMessageBody",
+    "ServerFrame",
+    "Subscribe",
+    "SubscribeResult",
+    "ToolsStatus",
+    "Unsubscribe",
+    "decode_client_frame",
+    "decode_server_frame",
+]

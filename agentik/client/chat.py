@@ -1,0 +1,363 @@
+"""``agentik chat``: a terminal chat against a running agentik server, over this client library.
+
+Pick or create a conversation, then type. The answer streams as it arrives (online AppendText);
+tool calls, tool results, errors and interruptions are shown from the durable stream. Ctrl-C
+while a turn runs interrupts it; Ctrl-C with no turn running (or a second Ctrl-C while the
+interrupt is pending) quits, as do Ctrl-D and ``/quit``.
+
+Exit status: 0 when the user quits, 1 when the server cannot be reached, refuses the token, or
+the conversation does not exist.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import TextIO
+
+import trio
+
+from agentik.client.errors import AgentikConnectionError, AuthError
+from agentik.client.http import AgentikAgent, HttpConversation
+from agentik.client.reconnect import BackoffPolicy, Connected, Disconnected, Failed, Gap, ReconnectingOutbox
+from agentik.errors import AgentikError, MailboxFullError
+from agentik.wire import (
+    AppendText,
+    AssistantMessage,
+    AssistantMessageEvent,
+    Cursor,
+    Deleted,
+    End,
+    ErrorEvent,
+    Interrupted,
+    MessageRecord,
+    Text,
+    ToolCall,
+    ToolCallEvent,
+    ToolFailed,
+    ToolResult,
+    ToolResultEvent,
+    UserMessage,
+    Working,
+)
+from agentik.wire import Error as ErrorMessage
+
+PROMPT = "you> "
+HISTORY = 10
+
+
+def _text(content: list[object]) -> str:
+    return "".join(c.body for c in content if isinstance(c, Text))
+
+
+def _short(text: str, n: int = 200) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+class _Lines:
+    """stdin lines delivered into trio by a daemon thread (a blocking read cannot be cancelled;
+    the thread simply dies with the process). ``None`` means end of input."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._send, self._receive = trio.open_memory_channel[str | None](16)
+        self._stream = stream
+        self._token = trio.lowlevel.current_trio_token()
+        threading.Thread(target=self._read, name="agentik-chat-stdin", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                line = self._stream.readline()
+                trio.from_thread.run(self._send.send, line.rstrip("\n") if line else None,
+                                     trio_token=self._token)
+                if not line:
+                    return
+        except (trio.RunFinishedError, trio.BrokenResourceError, trio.Cancelled):
+            return
+
+    async def next(self) -> str | None:
+        return await self._receive.receive()
+
+
+class Chat:
+    def __init__(self, agent: AgentikAgent, out: TextIO) -> None:
+        self.agent = agent
+        self.out = out
+        self.conv: HttpConversation | None = None
+        self.busy = False  # a turn of ours is running (from send until End)
+        self.interrupting = False
+        self.streamed = False  # text of the current turn was printed (a newline is due)
+        self.ended = False  # the online End of the current turn arrived
+        self.interrupted = False  # the durable Interrupted of the current turn arrived
+        self.at_prompt = False
+        self.line_open = False
+        # The answer comes twice: streamed (live) and whole (durable). Live events missed while
+        # disconnected are lost, so a turn whose text was not streamed is shown from its
+        # durable AssistantMessage instead; late live text of such a turn is then ignored.
+        self.live_turn: str | None = None
+        self.streamed_turns: set[str | None] = set()
+        self.caught_up_turns: set[str | None] = set()  # the cursor is not at the start of a line
+        self.quit = trio.Event()
+
+    def say(self, text: str, end: str = "\n") -> None:
+        data = text + end
+        if data:
+            self.out.write(data)
+            self.out.flush()
+            self.line_open = not data.endswith("\n")
+            self.at_prompt = False
+
+    def note(self, text: str) -> None:
+        """A status line, on its own line even in the middle of streamed text or the prompt;
+        the prompt is shown again after it."""
+        reprompt = self.at_prompt
+        if self.line_open:
+            self.say("")
+        self.streamed = False
+        self.say(f"[{text}]")
+        if reprompt:
+            self.prompt()
+
+    def prompt(self) -> None:
+        self.say(PROMPT, end="")
+        self.at_prompt = True
+
+    def catch_up(self, turn_id: str | None) -> None:
+        """The durable stream ended this turn; its live End may never come."""
+        self.caught_up_turns.add(turn_id)
+        self.ended = True
+        self.maybe_finish_turn()
+
+    def turn_started(self) -> None:
+        self.busy = True
+        self.ended = self.interrupted = False
+
+    def maybe_finish_turn(self) -> None:
+        """Show the prompt once the turn is over: its End arrived and, if the user interrupted
+        it, its Interrupted too (the two come on different streams, in either order)."""
+        if not self.busy or not self.ended or (self.interrupting and not self.interrupted):
+            return
+        self.busy = False
+        self.interrupting = False
+        self.prompt()
+
+    # --- start-up --------------------------------------------------------------------------------
+
+    async def pick(self, lines: _Lines, conversation_id: str | None) -> HttpConversation | None:
+        if conversation_id is not None:
+            conv = await self.agent.get_conversation(conversation_id)
+            if conv is None:
+                print(f"agentik chat: no conversation {conversation_id!r} on the server",
+                      file=sys.stderr)
+            return conv
+        snapshot = await self.agent.conversations_snapshot(limit=20)
+        if not snapshot.conversations:
+            return await self.agent.create_conversation()
+        self.say("Conversations:")
+        for i, rec in enumerate(snapshot.conversations, 1):
+            self.say(f"  {i:2}) {rec.title or '(untitled)'}  [{rec.id}]")
+        self.say("   n) new conversation")
+        while True:
+            self.say("pick a number, or Enter for a new one: ", end="")
+            answer = await lines.next()
+            if answer is None:
+                return None
+            answer = answer.strip().lower()
+            if answer in ("", "n"):
+                return await self.agent.create_conversation()
+            if answer.isdigit() and 1 <= int(answer) <= len(snapshot.conversations):
+                return HttpConversation(self.agent, snapshot.conversations[int(answer) - 1])
+            self.say(f"no such choice: {answer!r}")
+
+    async def show_history(self, conv: HttpConversation) -> None:
+        count = await self.agent.journal.count(conversation_id=conv.id)
+        after = 0
+        records: list[MessageRecord] = []
+        if count > HISTORY:
+            skipped = await self.agent.journal.list(conversation_id=conv.id, limit=count - HISTORY)
+            after = skipped[-1].seq if skipped else 0
+        records = await self.agent.journal.list(conversation_id=conv.id, after_seq=after, limit=HISTORY)
+        self.say(f"-- conversation {conv.title or '(untitled)'} [{conv.id}] --")
+        for rec in records:
+            msg = rec.message
+            if isinstance(msg, UserMessage):
+                self.say(f"you: {_text(list(msg.content))}")
+            elif isinstance(msg, AssistantMessage):
+                self.say(f"agent: {_text(list(msg.content))}")
+            elif isinstance(msg, ErrorMessage):
+                self.say(f"[error: {msg.message}]")
+        self.say("-- Ctrl-C interrupts the answer, Ctrl-C again (or Ctrl-D, /quit) quits --")
+
+    # --- running ---------------------------------------------------------------------------------
+
+    async def durable(self, conv: HttpConversation, after: Cursor) -> None:
+        while True:
+            async with ReconnectingOutbox(self.agent.outbox, BackoffPolicy(initial=0.5, max=5)) as recon:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.watch_status, recon)
+                    async with recon.conversation_events(after, conv.id) as events:
+                        async for ce in events:
+                            self.render_durable(ce.event)
+                            if isinstance(ce.event, Deleted):
+                                self.quit.set()
+                                return
+                    status = recon.status
+                    nursery.cancel_scope.cancel()
+            if isinstance(status, Gap):
+                self.note("missed some events while disconnected")
+                after = status.cause.current
+                continue
+            if isinstance(status, Failed):
+                self.note(f"giving up: {status.cause}")
+            self.quit.set()
+            return
+
+    async def watch_status(self, recon: ReconnectingOutbox) -> None:
+        lost = False
+        async for status in recon.connection_status():
+            if isinstance(status, Disconnected) and not lost:
+                lost = True
+                self.note(f"connection lost; retrying in {status.will_retry_in:.1f}s")
+            elif isinstance(status, Connected) and lost:
+                lost = False
+                self.note("reconnected")
+
+    def render_durable(self, event: object) -> None:
+        if isinstance(event, ToolCallEvent | ToolResultEvent | ToolFailed | ErrorEvent):
+            msg = event.record.message
+            if isinstance(msg, ToolCall):
+                self.note(f"tool call: {msg.name}({_short(msg.arguments)})")
+            elif isinstance(msg, ToolResult):
+                verdict = "tool failed" if isinstance(event, ToolFailed) or msg.is_error else "tool result"
+                self.note(f"{verdict}: {msg.name}: {_short(msg.content)}")
+            elif isinstance(msg, ErrorMessage):
+                self.note(f"error: {msg.message}")
+                self.catch_up(msg.turn_id)
+        elif isinstance(event, AssistantMessageEvent):
+            msg = event.record.message
+            if (
+                isinstance(msg, AssistantMessage) and not msg.interrupted
+                and msg.turn_id not in self.streamed_turns
+            ):
+                self.note("live stream missed; the whole answer:")
+                self.say(f"agent: {_text(list(msg.content))}")
+                self.catch_up(msg.turn_id)
+        elif isinstance(event, Interrupted):
+            self.note("interrupted")
+            self.interrupted = True
+            self.maybe_finish_turn()
+        elif isinstance(event, Deleted):
+            self.note("the conversation was deleted")
+
+    async def online(self, conv: HttpConversation) -> None:
+        while True:
+            try:
+                async with aclosing(self.agent.online_outbox.online_events(conv.id)) as events:
+                    async for ce in events:
+                        self.render_online(ce.event)
+            except AgentikConnectionError:
+                pass  # the durable stream reports the connection state
+            except AgentikError as exc:
+                self.note(f"live stream: {exc}")
+            await trio.sleep(0.5)
+
+    def render_online(self, event: object) -> None:
+        if isinstance(event, Working):
+            self.live_turn = event.turn_id
+            if not self.busy:
+                self.turn_started()
+        elif isinstance(event, AppendText):
+            if self.live_turn in self.caught_up_turns:
+                return
+            self.streamed_turns.add(self.live_turn)
+            if not self.streamed:
+                self.say("agent: ", end="")
+            self.streamed = True
+            self.say(event.text, end="")
+        elif isinstance(event, End):
+            if event.turn_id in self.caught_up_turns:
+                return  # finished from the durable stream already
+            if self.streamed:
+                self.say("")
+            self.streamed = False
+            self.ended = True
+            self.maybe_finish_turn()
+
+    async def on_sigint(self, signals: AsyncIterator[int]) -> None:
+        async for _ in signals:
+            if self.busy and not self.interrupting and self.conv is not None:
+                self.interrupting = True
+                self.note("interrupting; Ctrl-C again quits")
+                try:
+                    await self.conv.interrupt()
+                except AgentikError as exc:
+                    self.note(f"cannot interrupt: {exc}")
+            else:
+                self.quit.set()
+                return
+
+    async def input_loop(self, lines: _Lines, conv: HttpConversation) -> None:
+        self.prompt()
+        while True:
+            line = await lines.next()
+            self.line_open = self.at_prompt = False  # the terminal echoed the line and its newline
+            if line is None or line.strip() == "/quit":
+                self.quit.set()
+                return
+            if not line.strip():
+                self.prompt()
+                continue
+            try:
+                self.turn_started()
+                await conv.send(line)
+            except MailboxFullError as exc:
+                self.busy = False
+                self.note(f"busy: too many queued messages, try again in {exc.retry_after:g}s")
+                self.prompt()
+            except AgentikError as exc:
+                self.busy = False
+                self.note(f"not sent: {exc}")
+                self.prompt()
+
+
+async def run_chat(
+    url: str, token: str | None, conversation_id: str | None, *,
+    stdin: TextIO | None = None, out: TextIO | None = None,
+) -> int:
+    out = out or sys.stdout
+    with trio.open_signal_receiver(signal.SIGINT) as sigint:
+        async with AgentikAgent(f"agentik-chat-{uuid.uuid4()}", url, token) as agent:
+            chat = Chat(agent, out)
+            lines = _Lines(stdin or sys.stdin)
+            try:
+                info = await agent.info()
+                chat.say(f"connected to {info.name} {info.version} at {agent.base_url}")
+                conv = await chat.pick(lines, conversation_id)
+                if conv is None:
+                    return 1 if conversation_id is not None else 0
+                chat.conv = conv
+                # The cursor BEFORE the history: nothing between the two is missed.
+                after = await agent.outbox.current_cursor()
+                await chat.show_history(conv)
+            except AgentikConnectionError as exc:
+                print(f"agentik chat: {exc} (is the server running? see --url)", file=sys.stderr)
+                return 1
+            except AuthError:
+                print(f"agentik chat: the server at {agent.base_url} refused the token; "
+                      "pass the right one with --token or AGENTIK_TOKEN", file=sys.stderr)
+                return 1
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(chat.durable, conv, after)
+                nursery.start_soon(chat.online, conv)
+                nursery.start_soon(chat.on_sigint, sigint)
+                nursery.start_soon(chat.input_loop, lines, conv)
+                await chat.quit.wait()
+                nursery.cancel_scope.cancel()
+            chat.say("\nbye")
+    return 0

@@ -1,0 +1,230 @@
+"""``agentik chat`` through a pseudo-terminal: a real child process (``python -m agentik.cli
+chat``) on a pty, against a real server in this test's trio loop with the scripted LLM. Ctrl-C is
+the byte 0x03 written to the pty, which the terminal turns into SIGINT for the child (it is the
+session leader with the pty as its controlling terminal)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import subprocess
+import sys
+import termios
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from agentik.config import Config
+from agentik.tools.base import FunctionTools
+from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls
+from tests.webutil import serve_app
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 20
+
+
+def _controlling_tty() -> None:
+    # Runs in the child after fork (start_new_session made it a session leader): adopt the pty
+    # on fd 0 as controlling terminal so ^C from the pty becomes SIGINT.
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+class Terminal:
+    """The test's side of the pty: write keys, wait for text on the screen."""
+
+    def __init__(self, master: int, process: trio.Process) -> None:
+        self.stream = trio.lowlevel.FdStream(master)
+        self.process = process
+        self.screen = ""
+        self._seen = 0
+
+    async def write(self, data: str) -> None:
+        await self.stream.send_all(data.encode())
+
+    async def expect(self, text: str) -> str:
+        """Wait until ``text`` appears after what the previous expect matched."""
+        while True:
+            index = self.screen.find(text, self._seen)
+            if index >= 0:
+                self._seen = index + len(text)
+                return self.screen
+            try:
+                data = await self.stream.receive_some(4096)
+            except (OSError, trio.BrokenResourceError):  # EIO: the child exited, closing the pty
+                data = b""
+            if not data:
+                raise AssertionError(f"{text!r} never appeared; screen:\n{self.screen}")
+            self.screen += data.decode("utf-8", "replace").replace("\r\n", "\n")
+
+    async def drain(self) -> None:
+        """Read until the child closes the pty."""
+        while True:
+            try:
+                data = await self.stream.receive_some(4096)
+            except (OSError, trio.BrokenResourceError):
+                return
+            if not data:
+                return
+            self.screen += data.decode("utf-8", "replace").replace("\r\n", "\n")
+
+
+@asynccontextmanager
+async def chat(*args: str) -> AsyncIterator[Terminal]:
+    master, slave = pty.openpty()
+    env = {**os.environ, "TERM": "dumb", "PYTHONPATH": str(ROOT)}
+    env.pop("AGENTIK_TOKEN", None)
+    env.pop("AGENTIK_URL", None)
+    try:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "agentik.cli", "chat", *args],
+            stdin=slave, stdout=slave, stderr=slave, cwd=str(ROOT), env=env,
+            start_new_session=True, preexec_fn=_controlling_tty,
+        )
+    finally:
+        os.close(slave)
+    term = Terminal(master, process)
+    try:
+        yield term
+    finally:
+        print(f"--- screen of agentik chat {' '.join(args)} ---\n{term.screen}")  # shown on failure
+        if process.returncode is None:
+            process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+            await term.stream.aclose()
+
+
+@pytest.fixture
+def tools() -> FunctionTools:
+    tools = FunctionTools()
+    tools.add(lambda a, b: a + b, name="add", description="add two numbers",
+              parameters={"type": "object", "properties": {"a": {"type": "number"},
+                                                            "b": {"type": "number"}}})
+    return tools
+
+
+async def test_chat_streams_interrupts_and_quits(
+    config: Config, scripted: ScriptedOpenAI, tools: FunctionTools
+) -> None:
+    gate = trio.Event()
+    with trio.fail_after(TIMEOUT):
+        async with serve_app(config, tools=tools) as srv, chat("--url", srv.url) as term:
+            await term.expect("you> ")  # no conversations yet: a new one was created
+            # A turn with a tool call, then the answer.
+            scripted.push(ToolCalls([("call_1", "add", '{"a": 2, "b": 3}')]), Reply("It is 5."))
+            await term.write("what is 2+3?\n")
+            screen = await term.expect('[tool call: add({"a": 2, "b": 3})]')
+            turn_start = len(screen)
+            screen = await term.expect("you> ")
+            # The live text and the durable tool result travel on different connections, so
+            # the result line may land inside the streamed answer (which then resumes).
+            turn = screen[turn_start:]
+            assert "[tool result: add: 5]" in turn
+            joined = turn.replace("\n[tool result: add: 5]\nagent: ", "").replace(
+                "[tool result: add: 5]\n", ""
+            )
+            assert "agent: It is 5." in joined, turn
+
+            # A turn that hangs after its first words: Ctrl-C interrupts it.
+            scripted.push(Reply(["Once ", "upon ", "a ", "time"], gate=gate))
+            await term.write("tell me a story\n")
+            await term.expect("agent: Once ")
+            await term.write("\x03")
+            await term.expect("[interrupted]")
+            await term.expect("you> ")
+            gate.set()
+
+            # Idle: Ctrl-C quits.
+            await term.write("\x03")
+            await term.expect("bye")
+            assert await term.process.wait() == 0
+            conv = (await srv.agent.conversations_snapshot()).conversations[0]
+            messages = await (await srv.agent.get_conversation(conv.id)).get_messages()  # type: ignore[union-attr]
+            last = messages[-1].message
+            assert getattr(last, "interrupted", False)  # what the user saw was kept
+
+
+async def test_chat_picks_a_conversation_and_shows_history(
+    config: Config, scripted: ScriptedOpenAI
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        async with serve_app(config) as srv:
+            agent = srv.agent
+            conv = await agent.create_conversation(title="old talk")
+            cursor = agent.hub.current_cursor()
+            await conv.send("remember me")
+            async for ce in agent.outbox.conversation_events(cursor, conv.id):
+                if ce.type == "assistant_message":
+                    break
+            async with chat("--url", srv.url) as term:
+                await term.expect("old talk")
+                await term.expect("pick a number")
+                await term.write("1\n")
+                await term.expect("you: remember me")
+                await term.expect("agent: echo: remember me")
+                await term.expect("you> ")
+                await term.write("again\n")
+                await term.expect("agent: echo: again")
+                await term.write("/quit\n")
+                await term.expect("bye")
+                assert await term.process.wait() == 0
+            async with chat("--url", srv.url, "--conversation", conv.id) as term:
+                await term.expect("agent: echo: again")
+                await term.write("\x04")  # Ctrl-D: end of input
+                await term.expect("bye")
+                assert await term.process.wait() == 0
+
+
+async def test_chat_clear_errors(config: Config) -> None:
+    with trio.fail_after(TIMEOUT):
+        # Server down.
+        async with chat("--url", "http://127.0.0.1:9") as term:
+            await term.drain()
+            assert await term.process.wait() == 1
+            assert re.search(r"cannot reach the agentik server at http://127\.0\.0\.1:9", term.screen)
+            assert "is the server running" in term.screen
+        async with serve_app(config.replace(tokens=("right",))) as srv:
+            # Wrong token, and no token.
+            for args in (("--token", "wrong"), ()):
+                async with chat("--url", srv.url, *args) as term:
+                    await term.drain()
+                    assert await term.process.wait() == 1
+                    assert "refused the token" in term.screen and "--token" in term.screen
+            # Unknown conversation.
+            async with chat("--url", srv.url, "--token", "right", "--conversation", "nope") as term:
+                await term.drain()
+                assert await term.process.wait() == 1
+                assert "no conversation 'nope'" in term.screen
+
+
+def test_chat_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "agentik.cli", "chat", "--help"], capture_output=True, text=True,
+        cwd=ROOT, check=True,
+    ).stdout
+    assert "--url" in out and "--token" in out and "--conversation" in out
+
+
+async def test_chat_shows_a_lost_connection(config: Config, scripted: ScriptedOpenAI) -> None:
+    from tests.tcp_proxy import open_tcp_proxy
+
+    with trio.fail_after(TIMEOUT):
+        async with serve_app(config) as srv:
+            port = int(srv.url.rsplit(":", 1)[1])
+            async with open_tcp_proxy("127.0.0.1", port) as proxy, chat("--url", proxy.url) as term:
+                await term.expect("you> ")
+                proxy.refuse = True  # the server "goes down"
+                await proxy.cut_all()
+                await term.expect("[connection lost; retrying in")
+                proxy.refuse = False
+                await term.expect("[reconnected]")
+                await term.write("still there?\n")
+                await term.expect("agent: echo: still there?")
+                await term.write("/quit\n")
+                await term.expect("bye")
+                assert await term.process.wait() == 0
