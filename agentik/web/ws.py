@@ -158,6 +158,10 @@ class Session:
     async def reader(self) -> None:
         while True:
             raw = await websocket.receive()
+            if raw is None:
+                # Quart gives None for an empty frame (``bytes or text``): treat it as empty
+                # bytes, which decode_frame answers with an error frame.
+                raw = b""
             size = len(raw) if isinstance(raw, bytes) else len(raw.encode())
             if size > self.max_bytes:
                 await websocket.close(
