@@ -109,8 +109,10 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
     hc.bind = [f"{host}:{config.port}"]
     hc.accesslog = None  # agentik logs one line per request itself
     hc.graceful_timeout = graceful_timeout
-    # hypercorn enforces the message limit before the app sees it (closing with 1009 too).
-    hc.websocket_max_message_size = config.max_body_bytes
+    # agentik's own check closes oversized messages with 1009 cleanly (waiting for the client's
+    # close reply); hypercorn's limit, which just drops the connection, is only a backstop for
+    # messages far over it.
+    hc.websocket_max_message_size = 2 * config.max_body_bytes
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 

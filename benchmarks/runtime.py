@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from agentik import Config, open_runtime
 from agentik.storage import ops
 from agentik.wire import AssistantItem, AssistantMessage, Text, UserItem, UserMessage

@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx2
+import msgspec
 import openai
 
 from agentik.errors import (
@@ -68,6 +69,45 @@ Message = dict[str, Any]
 _CONNECT_TIMEOUT = 30.0
 
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+class _Fn(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallDelta(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    function: _Fn | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[_ToolCallDelta] | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int | None = 0
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = 0
+    completion_tokens: int | None = 0
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_CHUNK = msgspec.json.Decoder(_Chunk)
 
 
 class OpenAiLlm:
@@ -180,7 +220,11 @@ class OpenAiConversation:
             )
         kwargs: dict[str, Any] = {
             "model": self._llm.model,
-            "messages": sanitize_messages(self.messages),
+            # The SDK would walk every message through its TypedDict transform (about 0.17 ms
+            # per message: 1.7 s for 10k); they are plain wire dicts already, so pass them as
+            # extra_body, which replaces the (empty) transformed list in the request body as is.
+            "messages": [],
+            "extra_body": {"messages": sanitize_messages(self.messages)},
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -191,9 +235,17 @@ class OpenAiConversation:
         calls: dict[int, dict[str, str]] = {}
         finished = False
         try:
-            stream = await self._llm.client.chat.completions.create(**kwargs)
-            async with stream:
-                async for chunk in stream:
+            streaming = self._llm.client.chat.completions.with_streaming_response
+            async with streaming.create(**kwargs) as response:
+                async for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = _CHUNK.decode(data)
+                    if chunk.error is not None:
+                        raise LlmResponseError(f"error in the LLM stream: {chunk.error!r}")
                     usage = getattr(chunk, "usage", None)
                     for choice in chunk.choices or ():
                         if choice.index not in (0, None):
@@ -216,7 +268,15 @@ class OpenAiConversation:
             raise
         except openai.OpenAIError as exc:
             raise convert_error(exc, self._llm.endpoint) from exc
-        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        except httpx2.TimeoutException as exc:  # mid-stream: the raw response is not wrapped
+            raise LlmTimeoutError(
+                f"the LLM endpoint {self._llm.endpoint} did not answer in time"
+            ) from exc
+        except httpx2.TransportError as exc:
+            raise LlmConnectionError(
+                f"the LLM endpoint {self._llm.endpoint} broke the stream: {exc}"
+            ) from exc
+        except (ValueError, TypeError, AttributeError, KeyError, msgspec.MsgspecError) as exc:
             raise LlmResponseError(
                 f"malformed answer from the LLM endpoint {self._llm.endpoint}: {exc}"
             ) from exc

@@ -112,7 +112,9 @@ def outbox_page(
     with offset > after matching the filter, at most ``limit``)."""
     conn.execute("BEGIN")
     try:
-        lo, hi = conn.execute('SELECT MIN("offset"), MAX("offset") FROM outbox').fetchone()
+        # One aggregate per SELECT: SQLite's min/max optimisation (one index probe) only applies
+        # then; MIN and MAX together scan the whole outbox (8 ms per page at 100k rows).
+        (lo,) = conn.execute('SELECT MIN("offset") FROM outbox').fetchone()
         next_seq = int(conn.execute("SELECT value FROM meta WHERE key='next_seq'").fetchone()[0])
         sql = 'SELECT "offset", conversation_id, kind, payload FROM outbox WHERE "offset" > ?'
         args: list[Any] = [after]
@@ -129,7 +131,6 @@ def outbox_page(
         conn.execute("COMMIT")
     head = next_seq - 1
     oldest = lo if lo is not None else next_seq
-    del hi
     events = [
         StoredEvent(r[0], r[1], r[2], decode_common_event(r[3]), bytes(r[3])) for r in rows
     ]

@@ -190,7 +190,7 @@ class Writer:
         cutoff = tx.now - self.outbox_ttl
         self.conn.execute(
             'DELETE FROM outbox WHERE "offset" <= '
-            '(SELECT MAX("offset") FROM outbox WHERE created_at < ?)',
+            '(SELECT MAX("offset") FROM outbox INDEXED BY outbox_by_time WHERE created_at < ?)',
             (cutoff,),
         )
 
