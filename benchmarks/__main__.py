@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from benchmarks import runtime, storage, web
+from benchmarks import litert_tokens, runtime, storage, web
 
 Scenario = Callable[[bool], Awaitable[dict[str, Any]]]
 
@@ -30,6 +30,7 @@ SCENARIOS: dict[str, Scenario] = {
     "memory": web.memory,
     "cold_load_10k": runtime.cold_load_10k,
     "stalled_subscriber": web.stalled_subscriber,
+    "litert_tokens": litert_tokens.litert_tokens,
 }
 #: not in the default run: in-process, so its figure is noisy (see docs/BENCHMARKS.md)
 EXTRA: dict[str, Scenario] = {"memory_actors": runtime.memory_actors}

@@ -5,7 +5,7 @@ run opens a fresh conversation (prefill + decode), and runs alternate between th
 machine noise hits both alike. Prints one JSON object:
 ``{"tokens_per_s", "direct_tokens_per_s", "ratio", ...}`` (medians over the runs).
 
-    python benchmarks/litert_tokens.py [--model FILE] [--tokens 128] [--runs 5] [--threads 2]
+    python -m benchmarks.litert_tokens [--model FILE] [--tokens 128] [--runs 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -97,6 +97,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     return parser.parse_args(argv)
+
+
+async def litert_tokens(quick: bool) -> dict[str, Any]:
+    """The ``litert_tokens`` row of ``python -m benchmarks`` (gemma3-270m when present)."""
+    args = parse_args(["--runs", "3" if quick else "5"])
+    return {"name": "litert_tokens", **await main(args)}
 
 
 if __name__ == "__main__":
