@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from agentik.actors.conversation import _Retry
 from agentik.errors import InvalidInputError, NotFoundError, RuntimeClosedError
+from agentik.protocol import ConversationView
 from agentik.storage import ops
 from agentik.storage import queries as q
 from agentik.wire import (
@@ -112,23 +113,11 @@ class OnlineOutbox:
         return self._hub.online_events(conversation_id)
 
 
-class LocalConversation:
+class LocalConversation(ConversationView):
     def __init__(self, agent: LocalAgent, record: ConversationRecord) -> None:
         self._agent = agent
         self.record = record
         self._closed = False
-
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def title(self) -> str | None:
-        return self.record.title
-
-    @property
-    def is_temporal(self) -> bool:
-        return self.record.is_temporal
 
     @property
     def supports_image_input(self) -> bool:

@@ -268,18 +268,15 @@ async def raw_sse_request(url: str, path: str) -> tuple[trio.SocketStream, h11.C
         return stream, conn
 
 
-async def read_raw_sse(stream: trio.SocketStream, conn: h11.Connection) -> AsyncIterator[str]:
-    buffer = ""
+async def read_raw_sse(stream: trio.SocketStream, conn: h11.Connection) -> AsyncIterator[bytes]:
+    """The body chunks of an SSE response read over a raw socket."""
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
             conn.receive_data(await stream.receive_some(65536))
             continue
         if isinstance(event, h11.Data):
-            buffer += bytes(event.data).decode()
-            *lines, buffer = buffer.split("\n")
-            for line in lines:
-                yield line
+            yield bytes(event.data)
             continue
         return
 

@@ -11,7 +11,7 @@ the test's own trio run, and a tiny SSE client over httpx2 streaming.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,6 +26,7 @@ import trio
 from trio_websocket import WebSocketConnection
 
 from agentik.agent import LocalAgent
+from agentik.client.sse import parse_sse as client_parse_sse
 from agentik.config import Config
 from agentik.llm.base import LiteLlm
 from agentik.storage.hub import EventHub
@@ -125,36 +126,16 @@ class SseEvent:
         return msgspec.json.decode(self.data)
 
 
-async def parse_sse(lines: AsyncIterator[str]) -> AsyncIterator[SseEvent]:
-    """The SSE line protocol (WHATWG): fields until a blank line; ``:`` starts a comment."""
-    current = SseEvent()
-    data: list[str] = []
-    seen = False
-    async for line in lines:
-        if line == "":
-            if seen:
-                current.data = "\n".join(data)
-                yield current
-            current, data, seen = SseEvent(), [], False
-            continue
-        if line.startswith(":"):
-            yield SseEvent(comment=line[1:].strip())
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        seen = True
-        if name == "id":
-            current.id = value
-        elif name == "event":
-            current.event = value
-        elif name == "data":
-            data.append(value)
+async def parse_sse(chunks: AsyncIterable[bytes]) -> AsyncIterator[SseEvent]:
+    """The client library's SSE parser (one parser for the project), with test helpers on top."""
+    async for frame in client_parse_sse(chunks):
+        yield SseEvent(frame.id, frame.event, frame.data, frame.comment)
 
 
 class SseStream:
     def __init__(self, response: httpx2.Response) -> None:
         self.response = response
-        self._events = parse_sse(response.aiter_lines())
+        self._events = parse_sse(response.aiter_bytes())
         self.comments: list[str] = []
 
     async def next_frame(self) -> SseEvent:

@@ -27,6 +27,7 @@ from agentik.client.sse import parse_sse
 from agentik.errors import InvalidInputError, NotFoundError, RuntimeClosedError
 from agentik.protocol import (
     AgentInfo,
+    ConversationView,
     CountResult,
     CreateConversationBody,
     CursorPair,
@@ -184,25 +185,13 @@ class HttpOnlineOutbox:
         return self._agent._live(path, on_open)
 
 
-class HttpConversation:
+class HttpConversation(ConversationView):
     """A handle on one conversation (like :class:`agentik.agent.LocalConversation`)."""
 
     def __init__(self, agent: AgentikAgent, record: ConversationRecord) -> None:
         self._agent = agent
         self.record = record
         self._closed = False
-
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def title(self) -> str | None:
-        return self.record.title
-
-    @property
-    def is_temporal(self) -> bool:
-        return self.record.is_temporal
 
     @property
     def supports_image_input(self) -> bool | None:
