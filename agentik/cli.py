@@ -97,7 +97,8 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
     import hypercorn.config
     import hypercorn.trio
 
-    from agentik.web.app import create_app, describe
+    from agentik.web.app import create_app
+    from agentik.web.lifespan import describe
 
     died = trio.Event()
 

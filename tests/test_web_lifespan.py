@@ -6,6 +6,7 @@ the cursor. Processes are real: ``hypercorn -k trio agentik.web:app`` and ``agen
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
@@ -35,8 +36,8 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
 )
 
 REPO = Path(__file__).resolve().parent.parent
-# `agentik.web.app` the attribute is the served app; the module of the same name is this one.
-web_app = importlib.import_module("agentik.web.app")
+# The module that holds the runtime open while serving (its `open_runtime` is patched).
+web_app = importlib.import_module("agentik.web.lifespan")
 
 
 # --- in-process ----------------------------------------------------------------------------------
@@ -201,30 +202,34 @@ async def test_asyncio_worker_is_refused(tmp_path: Path) -> None:
 
 
 DYING_APP = '''
-import importlib
 from contextlib import asynccontextmanager
 
 import trio
 
-web_app = importlib.import_module("agentik.web.app")
-real_open_runtime = web_app.open_runtime
+from agentik.web import lifespan
+from agentik.web.app import create_app
+
+real_open_runtime = lifespan.open_runtime
 
 
 @asynccontextmanager
 async def dying_runtime(config, **kwargs):
     async with trio.open_nursery() as nursery:
         async with real_open_runtime(config, **kwargs) as agent:
+            # Dies at the first conversation created after start-up (the test creates one once
+            # the server is up): replayed from this cursor, so no race with the subscription.
+            cursor = await agent.outbox.current_cursor()
 
             async def die():
-                await trio.sleep(0.5)
-                raise RuntimeError("simulated runtime crash")
+                async for _ in agent.outbox.agent_events(cursor):
+                    raise RuntimeError("simulated runtime crash")
 
             nursery.start_soon(die)
             yield agent
 
 
-web_app.open_runtime = dying_runtime
-app = web_app.create_app()
+lifespan.open_runtime = dying_runtime
+app = create_app()
 '''
 
 
@@ -232,9 +237,12 @@ async def test_runtime_death_exits_the_process(tmp_path: Path) -> None:
     (tmp_path / "dying_app.py").write_text(DYING_APP)
     async with spawn([*HYPERCORN, "dying_app:app"], env_for(tmp_path), tmp_path) as p:
         with trio.fail_after(60):
-            await p.base_url()
+            url = await p.base_url()
+            async with httpx2.AsyncClient(base_url=url, timeout=10) as http:
+                with contextlib.suppress(httpx2.TransportError):
+                    await http.post("/agentik/conversations")  # the runtime dies on it
             code = await p.exit_code()
-    # The supervisor is killed by the worker (see agentik.web.app._terminate).
+    # The supervisor is killed by the worker (see agentik.web.process.terminate).
     assert code == -signal.SIGKILL, p.output
     assert "the agentik runtime died" in p.output
     assert "simulated runtime crash" in p.output

@@ -17,7 +17,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 import agentik
 from agentik.errors import InvalidInputError, NotFoundError
-from agentik.web.app import json_response, state
+from agentik.web._state import json_response, state
 from agentik.web.errors import PayloadTooLargeError
 from agentik.web.openapi import openapi_document
 from agentik.web.types import (

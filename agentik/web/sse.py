@@ -32,7 +32,7 @@ from quart import Blueprint, Response, request
 from quart.wrappers.response import ResponseBody
 
 from agentik.errors import NotFoundError, OutboxGapError
-from agentik.web.app import WebState, log, state
+from agentik.web._state import WebState, log, state
 from agentik.web.errors import detail_of
 from agentik.web.types import ErrorBody
 from agentik.wire import Cursor, Deleted, encode

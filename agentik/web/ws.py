@@ -30,7 +30,7 @@ from quart import Blueprint, Response, websocket
 from agentik.agent import LocalAgent
 from agentik.errors import AgentikError, InvalidInputError, NotFoundError
 from agentik.web import auth
-from agentik.web.app import WebState, error_response, log, log_request, state
+from agentik.web._state import WebState, error_response, log, log_request, state
 from agentik.web.errors import detail_of, status_of
 from agentik.web.types import (
     ClientFrame,

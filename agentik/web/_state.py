@@ -1,0 +1,142 @@
+"""What every route module shares: the app's :class:`WebState`, ``state()`` to reach it from a
+request, the web logger, and the JSON / error / access-log helpers.
+
+The route modules (``http``, ``sse``, ``ws``) import from here, never from ``app`` (which imports
+them to assemble the app), so the web package has no import cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import trio
+from quart import Response, current_app
+
+from agentik.errors import AgentikError, RuntimeClosedError
+from agentik.web import auth
+from agentik.web.errors import detail_of, headers_of, status_of
+from agentik.web.types import ErrorBody
+from agentik.wire import encode
+
+if TYPE_CHECKING:
+    from agentik.agent import LocalAgent
+    from agentik.config import Config
+    from agentik.llm.base import LiteLlm
+    from agentik.storage.hub import EventHub
+    from agentik.tools.base import ToolRegistry
+
+log = logging.getLogger("agentik.web")
+access_log = logging.getLogger("agentik.web.access")
+
+JSON = "application/json"
+
+
+@dataclass(eq=False)
+class WebState:
+    """Everything the routes need, on ``app.agentik``."""
+
+    config: Config | None
+    llm: LiteLlm | None
+    tools: ToolRegistry | None
+    #: seconds of silence before an SSE heartbeat comment / a WebSocket ping frame
+    heartbeat: float
+    on_fatal: Callable[[BaseException], None]
+    #: catch SIGTERM in a hypercorn worker (see agentik.web.process.watch_sigterm)
+    handle_sigterm: bool = True
+    agent: LocalAgent | None = None
+    #: set when the runtime died while serving (the server is on its way out)
+    died: BaseException | None = None
+    stopping: bool = False
+    #: set by after_serving: the runtime holder leaves open_runtime's body normally, which
+    #: shuts the runtime down in order (turns end while storage is still up)
+    stop_requested: trio.Event = field(default_factory=trio.Event)
+    runtime_started: bool = False
+    runtime_done: trio.Event = field(default_factory=trio.Event)
+    exit_after_stop: bool = False
+    open_streams: int = 0
+    _streams_changed: trio.Event = field(default_factory=trio.Event)
+
+    def require_agent(self) -> LocalAgent:
+        """The running agent. Raises RuntimeClosedError (503) before start-up or after shutdown."""
+        if self.agent is None:
+            raise RuntimeClosedError("the runtime is not running")
+        return self.agent
+
+    @property
+    def cfg(self) -> Config:
+        if self.config is None:
+            raise RuntimeClosedError("the runtime is not running")
+        return self.config
+
+    # The core keeps these behind private attributes; they are reached in this one place.
+    @property
+    def hub(self) -> EventHub:
+        return self.require_agent().hub
+
+    @property
+    def runtime_tools(self) -> Any:
+        return self.require_agent().tools
+
+    @property
+    def supports_images(self) -> bool:
+        return self.require_agent().supports_image_input
+
+    # Open SSE / WebSocket streams, so tests (and /healthz) can see that a disconnect released
+    # everything.
+    def stream_opened(self) -> None:
+        self.open_streams += 1
+        self._changed()
+
+    def stream_closed(self) -> None:
+        self.open_streams -= 1
+        self._changed()
+
+    def _changed(self) -> None:
+        self._streams_changed.set()
+        self._streams_changed = trio.Event()
+
+    async def wait_open_streams(self, n: int) -> None:
+        """Wait until exactly ``n`` streams are open."""
+        while self.open_streams != n:
+            await self._streams_changed.wait()
+
+
+class _HasState(Protocol):
+    agentik: WebState
+
+
+def state() -> WebState:
+    """The WebState of the app serving the current request."""
+    return cast(_HasState, current_app).agentik
+
+
+def json_response(
+    obj: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(encode(obj), status=status, headers=headers, content_type=JSON)
+
+
+def error_response(exc: AgentikError) -> Response:
+    return json_response(ErrorBody(error=detail_of(exc)), status_of(exc), headers_of(exc))
+
+
+def log_request(
+    method: str,
+    path: str,
+    query: bytes,
+    status: int,
+    client_id: str | None,
+    started: float | None,
+) -> None:
+    """One access-log line per request. ``access_token`` values are masked; the Authorization
+    header is never logged."""
+    target = path
+    if query:
+        target += "?" + auth.mask_query(query.decode("latin-1"))
+    elapsed = "" if started is None else f" {1000 * (time.perf_counter() - started):.1f}ms"
+    client = (client_id or "-")[:64]
+    access_log.info("%s %s %d client=%s%s", method, target, status, client, elapsed)

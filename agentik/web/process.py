@@ -1,0 +1,134 @@
+"""The worker process around the app: ending it with a visible status, SIGTERM, logging set-up,
+and the refusal to run without hypercorn's trio worker.
+
+A runtime that dies while the server is up must not leave hypercorn serving a dead runtime:
+hypercorn only logs a failed lifespan task and keeps serving (PITFALLS). So the default
+``on_fatal`` (:func:`exit_process`) logs and ends the process with status 1 (``os._exit``; the
+runtime has already closed the database in its own ``finally``, and a worker of
+``hypercorn -k trio`` has no way to ask hypercorn to stop; its supervisor then exits with that
+status). ``agentik serve`` and the tests pass their own ``on_fatal`` that triggers hypercorn's
+graceful shutdown instead.
+
+SIGTERM: hypercorn's supervisor handles it (graceful shutdown of its workers). A worker that gets
+SIGTERM itself (a process-group kill) would die on the spot, so the app catches it there; see
+:func:`watch_sigterm`.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+import trio
+
+from agentik.web._state import JSON, WebState, log
+from agentik.web.errors import error_body
+from agentik.wire import encode
+
+if TYPE_CHECKING:
+    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+
+NOT_TRIO_MESSAGE = (
+    "agentik needs hypercorn's trio worker: start it with `hypercorn -k trio agentik.web:app` "
+    "(add `-k trio`), or use `agentik serve`"
+)
+
+
+def flush_logs() -> None:
+    for handler in [*logging.getLogger("agentik").handlers, *logging.getLogger().handlers]:
+        handler.flush()
+    sys.stderr.flush()
+
+
+def terminate(status: int) -> None:
+    """End the process now with ``status`` (the runtime is already closed, or never opened).
+
+    In a worker of hypercorn's supervisor (``hypercorn -k trio``), the worker's status is lost:
+    hypercorn 0.18's ``run()`` exits 0 when its only worker fails (it calls ``_join_exited`` a
+    second time on the already emptied process list, which returns 0). The supervisor holds
+    nothing but the listening socket, and it treats SIGTERM/SIGINT as a clean shutdown, so it is
+    killed (SIGKILL) to make the failure visible to whoever restarts the server."""
+    flush_logs()
+    supervisor = supervisor_pid()
+    if supervisor is not None:
+        os.kill(supervisor, signal.SIGKILL)
+    os._exit(status)
+
+
+def exit_process(exc: BaseException) -> None:
+    """Default ``on_fatal``: leave with a failure status (see the module docstring)."""
+    log.critical("exiting with a failure status so that a supervisor can restart the server")
+    terminate(1)
+
+
+def supervisor_pid() -> int | None:
+    """The pid of hypercorn's supervisor if this process is one of its spawned workers."""
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid == os.getppid():
+        return parent.pid
+    return None
+
+
+async def watch_sigterm(st: WebState) -> None:
+    """Under ``hypercorn -k trio`` the app runs in a spawned worker whose SIGTERM is left at the
+    default (die at once). A signal sent to the whole process group (systemd's default, timeout(1),
+    a container runtime's process-group kill) would then kill the worker mid-turn with the
+    database open. So when nobody else handles SIGTERM here, catch it: in a hypercorn worker, pass
+    it on to the supervisor, whose shutdown event then stops this worker gracefully; in a lone
+    worker, close the runtime and then exit (``exit_after_stop``)."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            supervisor = supervisor_pid()
+            if supervisor is None:
+                st.exit_after_stop = True
+                st.stop_requested.set()
+                return
+            log.info("SIGTERM: asking hypercorn (pid %d) for a graceful shutdown", supervisor)
+            os.kill(supervisor, signal.SIGTERM)
+
+
+def should_watch_sigterm(st: WebState) -> bool:
+    return (
+        st.handle_sigterm
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    )
+
+
+def setup_logging() -> None:
+    """Give agentik's loggers a stderr handler when nobody configured logging (plain
+    ``hypercorn`` configures only its own loggers, so INFO lines would be lost)."""
+    root = logging.getLogger()
+    ours = logging.getLogger("agentik")
+    if root.handlers or ours.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+
+
+async def refuse_without_trio(
+    scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+) -> None:
+    """Served by an asyncio worker by mistake: fail start-up at once, saying what to do."""
+    print(f"ERROR: {NOT_TRIO_MESSAGE}", file=sys.stderr, flush=True)
+    if supervisor_pid() is not None:
+        terminate(1)  # a worker of hypercorn's supervisor: see terminate
+    if scope["type"] == "lifespan":
+        await receive()
+        await send({"type": "lifespan.startup.failed", "message": NOT_TRIO_MESSAGE})
+    elif scope["type"] == "http":
+        body = encode(error_body("not_trio", NOT_TRIO_MESSAGE))
+        await send({
+            "type": "http.response.start", "status": 500,
+            "headers": [(b"content-type", JSON.encode())],
+        })
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+    else:
+        await send({"type": "websocket.close", "code": 1011, "reason": "agentik needs -k trio"})
