@@ -10,7 +10,6 @@ RuntimeClosedError (the runtime is shutting down), InvalidInputError (bad argume
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
@@ -226,7 +225,7 @@ class LocalAgent:
         """Raises NotFoundError."""
         self._check_open()
         record: ConversationRecord = await self._deps.storage.write(
-            ops.RenameConversation(conversation_id=conversation_id, title=title, now=time.time())
+            ops.RenameConversation(conversation_id=conversation_id, title=title)
         )
         return record
 

@@ -26,19 +26,18 @@ def rss_kib() -> int:
 async def _fill(agent: Any, conversation_id: str, messages: int) -> None:
     """Store ``messages`` journal + working-memory rows through the real StorageActor."""
     storage = agent._deps.storage
-    now = time.time()
 
     async def one_turn(i: int) -> None:
         turn_id = f"u{i}"
         await storage.write(ops.AppendUserMessage(
             conversation_id=conversation_id, message_id=turn_id,
-            message=UserMessage(content=[Text(body=f"question {i}")]), now=now))
+            message=UserMessage(content=[Text(body=f"question {i}")])))
         await storage.write(ops.StartTurn(conversation_id=conversation_id, turn_id=turn_id,
-                                          item=UserItem(content=[Text(body=f"question {i}")]), now=now))
+                                          item=UserItem(content=[Text(body=f"question {i}")])))
         answer = AssistantMessage(content=[Text(body=f"answer {i}")], turn_id=turn_id)
         await storage.write(ops.FinishTurn(
             conversation_id=conversation_id, turn_id=turn_id, assistant=(f"a{i}", answer),
-            item=AssistantItem(content=answer.content), now=now))
+            item=AssistantItem(content=answer.content)))
 
     # Turns of one conversation must be ordered, so fill sequentially in chunks of concurrency
     # that keep each turn's three writes in order.

@@ -21,13 +21,13 @@ async def _durable_events_per_s(path: str, *, max_batch: int, writers: int, per_
             partial(run_storage, path, synchronous="FULL", max_batch=max_batch)
         )
         await storage.write(ops.CreateConversation(conversation_id="c", title=None, is_temporal=False,
-                                                   now=time.time(), system_prompt="s"))
+                                                   system_prompt="s"))
         message = UserMessage(content=[Text(body="x" * 200)])
 
         async def writer(w: int) -> None:
             for i in range(per_writer):
                 await storage.write(ops.AppendUserMessage(
-                    conversation_id="c", message_id=f"{w}-{i}", message=message, now=time.time()))
+                    conversation_id="c", message_id=f"{w}-{i}", message=message))
 
         start = time.perf_counter()
         async with trio.open_nursery() as inner:

@@ -252,16 +252,15 @@ def fill_outbox(path: str, events: int) -> None:
     OFF, big batches: this is set-up, not the measurement)."""
     writer = Writer(path, synchronous="OFF", outbox_cap=10 * events, outbox_ttl=1e9)
     try:
-        now = time.time()
         writer.commit_batch([ops.CreateConversation(
-            conversation_id="fill", title=None, is_temporal=False, now=now, system_prompt="s")])
+            conversation_id="fill", title=None, is_temporal=False, system_prompt="s")])
         message = UserMessage(content=[Text(body="x" * 100)])
         done = 0
         while writer.next_seq - 1 < events:
             n = min(1000, events - writer.next_seq + 1)
             writer.commit_batch([
                 ops.AppendUserMessage(conversation_id="fill", message_id=f"m{done + i}",
-                                      message=message, now=now)
+                                      message=message)
                 for i in range(n)
             ])
             done += n

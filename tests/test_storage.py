@@ -4,7 +4,6 @@ replay-then-live without gap or duplicate, gap errors, slow subscribers, failed 
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -35,13 +34,12 @@ async def open_storage(path: str, **kw: object) -> AsyncIterator[Storage]:
 
 async def create(storage: Storage, cid: str = "c1") -> None:
     await storage.write(ops.CreateConversation(conversation_id=cid, title=None, is_temporal=False,
-                                               now=time.time(), system_prompt="sys"))
+                                               system_prompt="sys"))
 
 
 async def append(storage: Storage, cid: str, mid: str, text: str = "x") -> int:
     record = await storage.write(ops.AppendUserMessage(
-        conversation_id=cid, message_id=mid, message=UserMessage(content=[Text(body=text)]),
-        now=time.time()))
+        conversation_id=cid, message_id=mid, message=UserMessage(content=[Text(body=text)])))
     return int(record.seq)
 
 
@@ -167,12 +165,19 @@ async def test_eviction_while_replaying_is_a_gap_not_a_skip(
 
 
 async def test_ttl_trims_the_outbox(db_path: str) -> None:
-    async with open_storage(db_path, outbox_ttl=0.001) as st:
-        await create(st)
-        await trio.sleep(0.01)  # let the first event age past the TTL (real time, by design)
-        await append(st, "c1", "m1")
-        # the trim runs in the transaction that adds offset 2: offset 1 is older than the TTL
-        assert st.hub.oldest_cursor().offset >= 1
+    """The writer's clock dates every event; the transaction at time t drops exactly the offsets
+    older than t - TTL (a prefix), nothing younger."""
+    now = [1000.0]
+    async with open_storage(db_path, outbox_ttl=10.0, clock=lambda: now[0]) as st:
+        await create(st)  # offset 1, t=1000
+        now[0] = 1005.0
+        await append(st, "c1", "m1")  # offset 2, t=1005: offset 1 is 5 s old and stays
+        assert st.hub.oldest_cursor().offset == 0
+        now[0] = 1012.0
+        await append(st, "c1", "m2")  # offset 3, t=1012: offset 1 (12 s) goes, offset 2 (7 s) stays
+        assert st.hub.oldest_cursor().offset == 1
+        conv = await st.reader.run(q.get_conversation, "c1")
+        assert conv is not None and conv.created_at == 1000.0  # stored times are the writer's clock
 
 
 async def test_stalled_subscriber_never_blocks_writer_and_catches_up(db_path: str) -> None:
@@ -216,7 +221,33 @@ async def test_stalled_subscriber_never_blocks_writer_and_catches_up(db_path: st
         await live.aclose()  # type: ignore[attr-defined]
 
 
-async def test_refused_op_is_rolled_back_alone(db_path: str) -> None:
+def test_refused_op_hands_its_seqs_back(tmp_path: Path) -> None:
+    """A send to a missing conversation takes its seq before it is refused (existence is checked by
+    the row count of the conversation update); its SAVEPOINT rollback must hand that seq back, so
+    the ops after it in the same batch continue without a hole and nothing of it is stored."""
+    w = Writer(str(tmp_path / "r.db"), synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
+    w.commit_batch([ops.CreateConversation(conversation_id="c1", title=None, is_temporal=False,
+                                           system_prompt="s")])
+
+    def send(cid: str, mid: str) -> ops.AppendUserMessage:
+        return ops.AppendUserMessage(conversation_id=cid, message_id=mid,
+                                     message=UserMessage(content=[Text(body=mid)]))
+
+    batch = [send("c1", "m1"), send("missing", "x1"), send("c1", "m2"), send("missing", "x2"),
+             send("c1", "m3")]
+    result = w.commit_batch(batch)
+    assert [type(r) for r in result.results][1::2] == [NotFoundError, NotFoundError]
+    assert [r.seq for r in result.results[0::2]] == [2, 3, 4]
+    assert [e.offset for e in result.events] == [2, 3, 4]  # contiguous: no hole per refusal
+    assert (result.oldest, result.head, w.next_seq) == (1, 4, 5)
+    rows = w.conn.execute('SELECT "offset" FROM outbox ORDER BY "offset"').fetchall()
+    assert [r[0] for r in rows] == [1, 2, 3, 4]
+    assert w.conn.execute("SELECT COUNT(*) FROM message WHERE conversation_id='missing'").fetchone()[0] == 0
+    assert w.conn.execute("SELECT COUNT(*) FROM turn WHERE conversation_id='missing'").fetchone()[0] == 0
+    w.close()
+
+
+async def test_refused_op_through_the_actor(db_path: str) -> None:
     async with open_storage(db_path) as st:
         await create(st)
 
@@ -224,14 +255,13 @@ async def test_refused_op_is_rolled_back_alone(db_path: str) -> None:
             with pytest.raises(NotFoundError):
                 await append(st, "missing", "x1")
 
-        good: list[int] = []
         async with trio.open_nursery() as n:
             n.start_soon(bad)
             for i in range(5):
                 n.start_soon(lambda i=i: append(st, "c1", f"m{i}"))
         journal = await st.reader.run(q.journal, None, 0, None, 100)
         assert sorted(r.seq for r in journal) == [2, 3, 4, 5, 6]  # no hole where the refusal was
-        del good
+        assert st.hub.current_cursor().offset == 6
 
 
 def test_failed_write_is_not_acknowledged_and_service_recovers(tmp_path: Path) -> None:
@@ -239,14 +269,12 @@ def test_failed_write_is_not_acknowledged_and_service_recovers(tmp_path: Path) -
     counter does not move; once space is back, writes succeed with contiguous seqs."""
     path = str(tmp_path / "full.db")
     w = Writer(path, synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
-    create_op = ops.CreateConversation(conversation_id="c1", title=None, is_temporal=False,
-                                       now=time.time(), system_prompt="s")
+    create_op = ops.CreateConversation(conversation_id="c1", title=None, is_temporal=False, system_prompt="s")
     w.commit_batch([create_op])
     pages = w.conn.execute("PRAGMA page_count").fetchone()[0]
     w.conn.execute(f"PRAGMA max_page_count = {pages}")
     big = [ops.AppendUserMessage(conversation_id="c1", message_id=f"m{i}",
-                                 message=UserMessage(content=[Text(body="x" * 5000)]),
-                                 now=time.time()) for i in range(20)]
+                                 message=UserMessage(content=[Text(body="x" * 5000)])) for i in range(20)]
     with pytest.raises(StorageError, match="full"):
         w.commit_batch(big)
     assert w.next_seq == 2

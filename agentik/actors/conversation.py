@@ -116,7 +116,6 @@ class ConversationHandle:
                         conversation_id=self.conversation_id,
                         message_id=turn.turn_id,
                         message=UserMessage(content=list(content), context=context),
-                        now=time.time(),
                     )
                 )
             ok = True
@@ -237,7 +236,7 @@ class ConversationActor:
             self.llm_tools = tools
         await deps.storage.write(
             ops.StartTurn(conversation_id=cid, turn_id=turn.turn_id,
-                          item=UserItem(content=list(turn.content)), now=time.time())
+                          item=UserItem(content=list(turn.content)))
         )
         content: Sequence[Content] | None = turn.content
         while True:
@@ -269,7 +268,6 @@ class ConversationActor:
                         for c in calls
                     ),
                     item=logic.round_item(state, calls),
-                    now=time.time(),
                 )
             )
             state.round_recorded = True
@@ -281,7 +279,6 @@ class ConversationActor:
                     ops.AppendToolResult(
                         conversation_id=cid, message_id=uuid.uuid4().hex, result=result,
                         item=ToolItem(call_id=call.call_id, name=call.name, content=result.content),
-                        now=time.time(),
                     )
                 )
                 state.pending_calls.remove(call)
@@ -294,7 +291,7 @@ class ConversationActor:
             await deps.storage.write(
                 ops.FinishTurn(conversation_id=cid, turn_id=turn.turn_id,
                                assistant=(uuid.uuid4().hex, answer),
-                               item=logic.final_item(state), now=time.time())
+                               item=logic.final_item(state))
             )
             self.online(End(turn_id=turn.turn_id))
         return True
@@ -327,7 +324,7 @@ class ConversationActor:
         await deps.storage.write(
             ops.Compact(conversation_id=cid, before_order_idx=plan.before_order_idx,
                         summary=SummaryItem(text=summary) if summary else None,
-                        dropped=len(plan.dropped), now=time.time())
+                        dropped=len(plan.dropped))
         )
         # The live session still holds the long history: rebuild it from the compacted memory.
         await self.close_llm()
@@ -378,7 +375,6 @@ class ConversationActor:
                     assistant=(uuid.uuid4().hex, partial) if partial is not None else None,
                     item=text_item if text_item is not None and text_item.content else None,
                     error=(uuid.uuid4().hex, Error(message=message, code=code, turn_id=turn.turn_id)),
-                    now=time.time(),
                 )
             )
             self.online(End(turn_id=turn.turn_id))
@@ -400,7 +396,7 @@ class ConversationActor:
                     conversation_id=self.h.conversation_id, turn_id=turn.turn_id,
                     assistant=(uuid.uuid4().hex, partial) if partial is not None else None,
                     item=text_item if partial is not None and text_item.content else None,
-                    interrupted=interrupted, error=error, now=time.time(),
+                    interrupted=interrupted, error=error,
                 )
             )
             self.online(End(turn_id=turn.turn_id))
@@ -414,8 +410,7 @@ class ConversationActor:
             try:
                 await self.deps.storage.write(ops.AppendToolResult(
                     conversation_id=self.h.conversation_id, message_id=uuid.uuid4().hex,
-                    result=result, item=ToolItem(call_id=call.call_id, name=call.name, content=why),
-                    now=time.time()))
+                    result=result, item=ToolItem(call_id=call.call_id, name=call.name, content=why)))
             except (NotFoundError, StorageError, RuntimeClosedError) as exc:
                 log.warning("could not close tool call %s: %s", call.call_id, exc)
         state.pending_calls = []
@@ -485,7 +480,6 @@ async def _record_crash(actor: ConversationActor, turn: Turn, exc: BaseException
                 error=(uuid.uuid4().hex,
                        Error(message=f"internal error: {type(exc).__name__}: {exc}",
                              code="crash", turn_id=turn.turn_id)),
-                now=time.time(),
             )
         )
         actor.online(End(turn_id=turn.turn_id))

@@ -50,7 +50,7 @@ class Registry:
         conversation_id = uuid.uuid4().hex
         record: ConversationRecord = await self.deps.storage.write(
             ops.CreateConversation(
-                conversation_id=conversation_id, title=title, is_temporal=temp, now=time.time(),
+                conversation_id=conversation_id, title=title, is_temporal=temp,
                 system_prompt=self.deps.config.system_prompt,
             )
         )

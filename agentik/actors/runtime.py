@@ -8,7 +8,6 @@ stores its terminal record while storage is still up; only then is storage stopp
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -114,8 +113,8 @@ async def open_runtime(
 
             storage: Storage = await root.start(storage_task)
             try:
-                purged = await storage.write(ops.PurgeTemporary(now=time.time()))
-                recovered = await storage.write(ops.RecoverTurns(now=time.time()))
+                purged = await storage.write(ops.PurgeTemporary())
+                recovered = await storage.write(ops.RecoverTurns())
                 if purged or recovered:
                     log.info("start-up: %d temporary conversations removed, %d interrupted turns "
                              "closed", purged, recovered)

@@ -14,6 +14,8 @@ offset order) and then answer each caller, so:
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +47,7 @@ class StorageStats:
 
 class Storage:
     """Handle to the running StorageActor: ``write`` for the writer, ``reader`` and ``hub`` for
-    reads. Create with :func:`open_storage` (via ``nursery.start``)."""
+    reads. Made by :func:`run_storage`: ``storage = await nursery.start(run_storage, path)``."""
 
     def __init__(self, send: trio.MemorySendChannel[_Request], reader: Reader, hub: EventHub) -> None:
         self._send = send
@@ -84,12 +86,15 @@ async def run_storage(
     max_batch: int = 512,
     subscriber_buffer: int = 4096,
     queue_size: int = 4096,
+    clock: Callable[[], float] = time.time,
     task_status: trio.TaskStatus[Storage] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the StorageActor until cancelled. ``task_status.started`` gets the Storage handle once
-    the database is open and migrated. Raises StorageError if the database cannot be opened."""
+    the database is open and migrated. Raises StorageError if the database cannot be opened.
+    ``clock`` is the writer's clock: every stored time comes from it, once per batch."""
     writer = await trio.to_thread.run_sync(
-        lambda: Writer(path, synchronous=synchronous, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl)
+        lambda: Writer(path, synchronous=synchronous, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl,
+                       clock=clock)
     )
     reader = Reader(path)
     hub = EventHub(

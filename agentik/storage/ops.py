@@ -2,7 +2,8 @@
 
 Each op is applied inside the batch transaction by :func:`agentik.storage.writer.apply_op`; every
 durable event it produces takes the next value of the counter, and the state rows it writes carry
-that same value, so ``event offset == record seq`` holds by construction.
+that same value, so ``event offset == record seq`` holds by construction. Ops carry no timestamps:
+every time stored by a batch is the writer's clock at that batch (one value per transaction).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ class CreateConversation(Op, frozen=True, kw_only=True):
     conversation_id: str
     title: str | None
     is_temporal: bool
-    now: float
     system_prompt: str
 
 
@@ -38,7 +38,6 @@ class DeleteConversation(Op, frozen=True, kw_only=True):
 class RenameConversation(Op, frozen=True, kw_only=True):
     conversation_id: str
     title: str | None
-    now: float
 
 
 class AppendUserMessage(Op, frozen=True, kw_only=True):
@@ -48,14 +47,12 @@ class AppendUserMessage(Op, frozen=True, kw_only=True):
     conversation_id: str
     message_id: str
     message: UserMessage
-    now: float
 
 
 class StartTurn(Op, frozen=True, kw_only=True):
     conversation_id: str
     turn_id: str
     item: WorkingItem
-    now: float
 
 
 class AppendToolCalls(Op, frozen=True, kw_only=True):
@@ -64,7 +61,6 @@ class AppendToolCalls(Op, frozen=True, kw_only=True):
     conversation_id: str
     calls: tuple[tuple[str, ToolCall], ...]  # (message id, call)
     item: WorkingItem
-    now: float
 
 
 class AppendToolResult(Op, frozen=True, kw_only=True):
@@ -72,7 +68,6 @@ class AppendToolResult(Op, frozen=True, kw_only=True):
     message_id: str
     result: ToolResult
     item: WorkingItem
-    now: float
 
 
 class FinishTurn(Op, frozen=True, kw_only=True):
@@ -86,7 +81,6 @@ class FinishTurn(Op, frozen=True, kw_only=True):
     item: WorkingItem | None = None
     interrupted: bool = False
     error: tuple[str, Error] | None = None
-    now: float
 
 
 class Compact(Op, frozen=True, kw_only=True):
@@ -97,19 +91,14 @@ class Compact(Op, frozen=True, kw_only=True):
     before_order_idx: int
     summary: WorkingItem | None
     dropped: int
-    now: float
 
 
 class RecoverTurns(Op, frozen=True, kw_only=True):
     """Start-up: close every turn left open by a dead process with an Error record."""
 
-    now: float
-
 
 class PurgeTemporary(Op, frozen=True, kw_only=True):
     """Start-up: temporary conversations do not survive a restart."""
-
-    now: float
 
 
 AnyOp = (

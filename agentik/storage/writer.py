@@ -14,6 +14,7 @@ import logging
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, assert_never
 
@@ -116,7 +117,17 @@ def _lock_database(path: str) -> IO[bytes]:
 class Writer:
     """Owns the single writer connection. Constructed in a worker thread; raises StorageError."""
 
-    def __init__(self, path: str, *, synchronous: str, outbox_cap: int, outbox_ttl: float) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: str,
+        outbox_cap: int,
+        outbox_ttl: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        #: the one clock of every stored time (created_at, updated_at, outbox TTL)
+        self.clock = clock
         self.outbox_cap = outbox_cap
         self.outbox_ttl = outbox_ttl
         self._lock = _lock_database(path)
@@ -150,7 +161,7 @@ class Writer:
 
     def commit_batch(self, batch: list[ops.AnyOp]) -> BatchResult:
         """Apply ``batch`` in one transaction. Raises StorageError if nothing was committed."""
-        tx = _Tx(epoch=self.epoch, next_seq=self.next_seq, now=time.time())
+        tx = _Tx(epoch=self.epoch, next_seq=self.next_seq, now=self.clock())
         results: list[Any] = []
         conn = self.conn
         try:
@@ -196,6 +207,11 @@ class Writer:
 
 
 # --- ops -----------------------------------------------------------------------------------------
+#
+# One function per op, dispatched by ``apply_op``. Every time stored is ``tx.now`` (the writer's
+# clock at this batch). An op refused on purpose raises AgentikError: the batch's SAVEPOINT rolls
+# back its rows and hands its seqs back. Conversation existence is checked by the row count of the
+# conversation UPDATE that every seq-taking op performs, i.e. after the op took its seqs.
 
 
 def _emit(
@@ -225,25 +241,33 @@ def _alloc(tx: _Tx) -> int:
     return seq
 
 
+def _not_found(conversation_id: str) -> NotFoundError:
+    return NotFoundError(f"conversation {conversation_id!r} not found")
+
+
 def _conversation_exists(conn: sqlite3.Connection, conversation_id: str) -> None:
     if conn.execute("SELECT 1 FROM conversation WHERE id=?", (conversation_id,)).fetchone() is None:
-        raise NotFoundError(f"conversation {conversation_id!r} not found")
+        raise _not_found(conversation_id)
 
 
 def _bump(conn: sqlite3.Connection, conversation_id: str, seq: int, updated_at: float | None = None) -> None:
+    """Set the conversation's seq (and updated_at); NotFoundError if it does not exist."""
     if updated_at is None:
-        conn.execute("UPDATE conversation SET seq=? WHERE id=?", (seq, conversation_id))
+        cur = conn.execute("UPDATE conversation SET seq=? WHERE id=?", (seq, conversation_id))
     else:
-        conn.execute(
+        cur = conn.execute(
             "UPDATE conversation SET seq=?, updated_at=? WHERE id=?",
             (seq, updated_at, conversation_id),
         )
+    if cur.rowcount == 0:
+        raise _not_found(conversation_id)
 
 
 def _journal(
     conn: sqlite3.Connection, tx: _Tx, conversation_id: str, message_id: str, message: Message
 ) -> MessageRecord:
     seq = _alloc(tx)
+    _bump(conn, conversation_id, seq)
     record = MessageRecord(
         id=message_id, seq=seq, conversation_id=conversation_id, created_at=tx.now, message=message
     )
@@ -252,7 +276,6 @@ def _journal(
         "VALUES (?, ?, ?, ?, ?, ?)",
         (seq, message_id, conversation_id, event_type(message), tx.now, encode(message)),  # type: ignore[arg-type]
     )
-    _bump(conn, conversation_id, seq)
     return record
 
 
@@ -295,7 +318,7 @@ def _record(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecor
         (conversation_id,),
     ).fetchone()
     if row is None:
-        raise NotFoundError(f"conversation {conversation_id!r} not found")
+        raise _not_found(conversation_id)
     return row_to_conversation(row)
 
 
@@ -306,141 +329,181 @@ def row_to_conversation(row: tuple[Any, ...]) -> ConversationRecord:
     )
 
 
+def _create(conn: sqlite3.Connection, tx: _Tx, op: ops.CreateConversation) -> ConversationRecord:
+    seq = _alloc(tx)
+    conn.execute(
+        "INSERT INTO conversation (id, title, is_temporal, created_at, updated_at, seq) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (op.conversation_id, op.title, int(op.is_temporal), tx.now, tx.now, seq),
+    )
+    _append_memory(conn, tx, op.conversation_id, SystemItem(text=op.system_prompt), None)
+    created = _record(conn, op.conversation_id)
+    _emit(conn, tx, seq, op.conversation_id, Created(conversation=created), kind="agent")
+    return created
+
+
+def _delete_op(conn: sqlite3.Connection, tx: _Tx, op: ops.DeleteConversation) -> bool:
+    exists = conn.execute("SELECT 1 FROM conversation WHERE id=?", (op.conversation_id,))
+    if exists.fetchone() is None:
+        return False
+    _delete(conn, tx, op.conversation_id, "deleted")
+    return True
+
+
+def _rename(conn: sqlite3.Connection, tx: _Tx, op: ops.RenameConversation) -> ConversationRecord:
+    seq = _alloc(tx)
+    cur = conn.execute(
+        "UPDATE conversation SET title=?, updated_at=?, seq=? WHERE id=?",
+        (op.title, tx.now, seq, op.conversation_id),
+    )
+    if cur.rowcount == 0:
+        raise _not_found(op.conversation_id)
+    _emit(conn, tx, seq, op.conversation_id,
+          Renamed(conversation_id=op.conversation_id, title=op.title, updated_at=tx.now),
+          kind="agent")
+    return _record(conn, op.conversation_id)
+
+
+def _append_user(conn: sqlite3.Connection, tx: _Tx, op: ops.AppendUserMessage) -> MessageRecord:
+    record = _journal(conn, tx, op.conversation_id, op.message_id, op.message)
+    conn.execute(
+        "INSERT INTO turn (id, conversation_id, state) VALUES (?, ?, 'queued')",
+        (op.message_id, op.conversation_id),
+    )
+    _emit(conn, tx, record.seq, op.conversation_id, UserMessageEvent(record=record),
+          kind="conversation")
+    return record
+
+
+def _start_turn(conn: sqlite3.Connection, tx: _Tx, op: ops.StartTurn) -> None:
+    _conversation_exists(conn, op.conversation_id)  # takes no seq: checked up front
+    _append_memory(conn, tx, op.conversation_id, op.item, op.turn_id)
+    conn.execute("UPDATE turn SET state='running' WHERE id=?", (op.turn_id,))
+
+
+def _tool_calls(conn: sqlite3.Connection, tx: _Tx, op: ops.AppendToolCalls) -> list[MessageRecord]:
+    records = []
+    for message_id, call in op.calls:
+        record = _journal(conn, tx, op.conversation_id, message_id, call)
+        _emit(conn, tx, record.seq, op.conversation_id, ToolCallEvent(record=record),
+              kind="conversation")
+        records.append(record)
+    if not op.calls:
+        _conversation_exists(conn, op.conversation_id)  # an empty round takes no seq
+    _append_memory(conn, tx, op.conversation_id, op.item, None)
+    return records
+
+
+def _tool_result(conn: sqlite3.Connection, tx: _Tx, op: ops.AppendToolResult) -> MessageRecord:
+    record = _journal(conn, tx, op.conversation_id, op.message_id, op.result)
+    event: DurableEvent = (
+        ToolFailed(record=record) if op.result.is_error else ToolResultEvent(record=record)
+    )
+    _emit(conn, tx, record.seq, op.conversation_id, event, kind="conversation")
+    _append_memory(conn, tx, op.conversation_id, op.item, op.message_id)
+    return record
+
+
+def _finish_turn(conn: sqlite3.Connection, tx: _Tx, op: ops.FinishTurn) -> list[MessageRecord]:
+    out: list[MessageRecord] = []
+    if op.assistant is not None:
+        message_id, answer = op.assistant
+        record = _journal(conn, tx, op.conversation_id, message_id, answer)
+        _emit(conn, tx, record.seq, op.conversation_id,
+              AssistantMessageEvent(record=record), kind="conversation")
+        if op.item is not None:
+            _append_memory(conn, tx, op.conversation_id, op.item, message_id)
+        out.append(record)
+    if op.interrupted:
+        seq = _alloc(tx)
+        _bump(conn, op.conversation_id, seq)
+        _emit(conn, tx, seq, op.conversation_id, Interrupted(turn_id=op.turn_id),
+              kind="conversation")
+    if op.error is not None:
+        message_id, error = op.error
+        record = _journal(conn, tx, op.conversation_id, message_id, error)
+        _emit(conn, tx, record.seq, op.conversation_id, ErrorEvent(record=record),
+              kind="conversation")
+        out.append(record)
+    if op.turn_id is not None:
+        conn.execute("DELETE FROM turn WHERE id=?", (op.turn_id,))
+    _touch(conn, tx, op.conversation_id)
+    return out
+
+
+def _compact(conn: sqlite3.Connection, tx: _Tx, op: ops.Compact) -> None:
+    first = conn.execute(
+        "SELECT MIN(order_idx) FROM working_memory WHERE conversation_id=? AND order_idx > "
+        "(SELECT MIN(order_idx) FROM working_memory WHERE conversation_id=?)",
+        (op.conversation_id, op.conversation_id),
+    ).fetchone()[0]
+    conn.execute(
+        "DELETE FROM working_memory WHERE conversation_id=? AND order_idx >= ? AND order_idx < ?",
+        (op.conversation_id, first if first is not None else op.before_order_idx,
+         op.before_order_idx),
+    )
+    if op.summary is not None and first is not None:
+        conn.execute(
+            "INSERT INTO working_memory "
+            "(conversation_id, order_idx, source_message_id, created_at, payload) "
+            "VALUES (?, ?, NULL, ?, ?)",
+            (op.conversation_id, first, tx.now, encode(op.summary)),
+        )
+    seq = _alloc(tx)
+    _bump(conn, op.conversation_id, seq)
+    summary_text = getattr(op.summary, "text", None)
+    _emit(conn, tx, seq, op.conversation_id,
+          CompactionTriggered(dropped_items=op.dropped, summary=summary_text),
+          kind="conversation")
+
+
+def _recover_turns(conn: sqlite3.Connection, tx: _Tx, op: ops.RecoverTurns) -> int:
+    rows = conn.execute(
+        "SELECT t.id, t.conversation_id FROM turn t JOIN conversation c "
+        "ON c.id = t.conversation_id ORDER BY t.rowid"
+    ).fetchall()
+    for turn_id, conversation_id in rows:
+        error = Error(message="interrupted by restart", code="restart", turn_id=turn_id)
+        record = _journal(conn, tx, conversation_id, uuid.uuid4().hex, error)
+        _emit(conn, tx, record.seq, conversation_id, ErrorEvent(record=record),
+              kind="conversation")
+        _touch(conn, tx, conversation_id)
+    conn.execute("DELETE FROM turn")
+    return len(rows)
+
+
+def _purge_temporary(conn: sqlite3.Connection, tx: _Tx, op: ops.PurgeTemporary) -> int:
+    ids = [r[0] for r in conn.execute("SELECT id FROM conversation WHERE is_temporal=1")]
+    for conversation_id in ids:
+        _delete(conn, tx, conversation_id, "temporary conversation ended by restart")
+    return len(ids)
+
+
 def apply_op(conn: sqlite3.Connection, tx: _Tx, op: ops.AnyOp) -> Any:
     """Apply one op inside the open transaction; returns its result. Raises AgentikError for a
     refused op (rolled back alone) and sqlite3.Error for a storage failure (fails the batch)."""
     match op:
         case ops.CreateConversation():
-            seq = _alloc(tx)
-            conn.execute(
-                "INSERT INTO conversation (id, title, is_temporal, created_at, updated_at, seq) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (op.conversation_id, op.title, int(op.is_temporal), op.now, op.now, seq),
-            )
-            _append_memory(conn, tx, op.conversation_id, SystemItem(text=op.system_prompt), None)
-            created = _record(conn, op.conversation_id)
-            _emit(conn, tx, seq, op.conversation_id, Created(conversation=created), kind="agent")
-            return created
+            return _create(conn, tx, op)
         case ops.DeleteConversation():
-            exists = conn.execute("SELECT 1 FROM conversation WHERE id=?", (op.conversation_id,))
-            if exists.fetchone() is None:
-                return False
-            _delete(conn, tx, op.conversation_id, "deleted")
-            return True
+            return _delete_op(conn, tx, op)
         case ops.RenameConversation():
-            _conversation_exists(conn, op.conversation_id)
-            seq = _alloc(tx)
-            conn.execute(
-                "UPDATE conversation SET title=?, updated_at=?, seq=? WHERE id=?",
-                (op.title, op.now, seq, op.conversation_id),
-            )
-            _emit(conn, tx, seq, op.conversation_id,
-                  Renamed(conversation_id=op.conversation_id, title=op.title, updated_at=op.now),
-                  kind="agent")
-            return _record(conn, op.conversation_id)
+            return _rename(conn, tx, op)
         case ops.AppendUserMessage():
-            _conversation_exists(conn, op.conversation_id)
-            record = _journal(conn, tx, op.conversation_id, op.message_id, op.message)
-            conn.execute(
-                "INSERT INTO turn (id, conversation_id, state) VALUES (?, ?, 'queued')",
-                (op.message_id, op.conversation_id),
-            )
-            _emit(conn, tx, record.seq, op.conversation_id, UserMessageEvent(record=record),
-                  kind="conversation")
-            return record
+            return _append_user(conn, tx, op)
         case ops.StartTurn():
-            _conversation_exists(conn, op.conversation_id)
-            _append_memory(conn, tx, op.conversation_id, op.item, op.turn_id)
-            conn.execute("UPDATE turn SET state='running' WHERE id=?", (op.turn_id,))
-            return None
+            return _start_turn(conn, tx, op)
         case ops.AppendToolCalls():
-            _conversation_exists(conn, op.conversation_id)
-            records = []
-            for message_id, call in op.calls:
-                record = _journal(conn, tx, op.conversation_id, message_id, call)
-                _emit(conn, tx, record.seq, op.conversation_id, ToolCallEvent(record=record),
-                      kind="conversation")
-                records.append(record)
-            _append_memory(conn, tx, op.conversation_id, op.item, None)
-            return records
+            return _tool_calls(conn, tx, op)
         case ops.AppendToolResult():
-            _conversation_exists(conn, op.conversation_id)
-            record = _journal(conn, tx, op.conversation_id, op.message_id, op.result)
-            event: DurableEvent = (
-                ToolFailed(record=record) if op.result.is_error else ToolResultEvent(record=record)
-            )
-            _emit(conn, tx, record.seq, op.conversation_id, event, kind="conversation")
-            _append_memory(conn, tx, op.conversation_id, op.item, op.message_id)
-            return record
+            return _tool_result(conn, tx, op)
         case ops.FinishTurn():
-            _conversation_exists(conn, op.conversation_id)
-            out: list[MessageRecord] = []
-            if op.assistant is not None:
-                message_id, answer = op.assistant
-                record = _journal(conn, tx, op.conversation_id, message_id, answer)
-                _emit(conn, tx, record.seq, op.conversation_id,
-                      AssistantMessageEvent(record=record), kind="conversation")
-                if op.item is not None:
-                    _append_memory(conn, tx, op.conversation_id, op.item, message_id)
-                out.append(record)
-            if op.interrupted:
-                seq = _alloc(tx)
-                _bump(conn, op.conversation_id, seq)
-                _emit(conn, tx, seq, op.conversation_id, Interrupted(turn_id=op.turn_id),
-                      kind="conversation")
-            if op.error is not None:
-                message_id, error = op.error
-                record = _journal(conn, tx, op.conversation_id, message_id, error)
-                _emit(conn, tx, record.seq, op.conversation_id, ErrorEvent(record=record),
-                      kind="conversation")
-                out.append(record)
-            if op.turn_id is not None:
-                conn.execute("DELETE FROM turn WHERE id=?", (op.turn_id,))
-            _touch(conn, tx, op.conversation_id)
-            return out
+            return _finish_turn(conn, tx, op)
         case ops.Compact():
-            _conversation_exists(conn, op.conversation_id)
-            first = conn.execute(
-                "SELECT MIN(order_idx) FROM working_memory WHERE conversation_id=? AND order_idx > "
-                "(SELECT MIN(order_idx) FROM working_memory WHERE conversation_id=?)",
-                (op.conversation_id, op.conversation_id),
-            ).fetchone()[0]
-            conn.execute(
-                "DELETE FROM working_memory WHERE conversation_id=? AND order_idx >= ? AND order_idx < ?",
-                (op.conversation_id, first if first is not None else op.before_order_idx,
-                 op.before_order_idx),
-            )
-            if op.summary is not None and first is not None:
-                conn.execute(
-                    "INSERT INTO working_memory "
-                    "(conversation_id, order_idx, source_message_id, created_at, payload) "
-                    "VALUES (?, ?, NULL, ?, ?)",
-                    (op.conversation_id, first, tx.now, encode(op.summary)),
-                )
-            seq = _alloc(tx)
-            _bump(conn, op.conversation_id, seq)
-            summary_text = getattr(op.summary, "text", None)
-            _emit(conn, tx, seq, op.conversation_id,
-                  CompactionTriggered(dropped_items=op.dropped, summary=summary_text),
-                  kind="conversation")
-            return None
+            return _compact(conn, tx, op)
         case ops.RecoverTurns():
-            rows = conn.execute(
-                "SELECT t.id, t.conversation_id FROM turn t JOIN conversation c "
-                "ON c.id = t.conversation_id ORDER BY t.rowid"
-            ).fetchall()
-            for turn_id, conversation_id in rows:
-                error = Error(message="interrupted by restart", code="restart", turn_id=turn_id)
-                record = _journal(conn, tx, conversation_id, uuid.uuid4().hex, error)
-                _emit(conn, tx, record.seq, conversation_id, ErrorEvent(record=record),
-                      kind="conversation")
-                _touch(conn, tx, conversation_id)
-            conn.execute("DELETE FROM turn")
-            return len(rows)
+            return _recover_turns(conn, tx, op)
         case ops.PurgeTemporary():
-            ids = [r[0] for r in conn.execute("SELECT id FROM conversation WHERE is_temporal=1")]
-            for conversation_id in ids:
-                _delete(conn, tx, conversation_id, "temporary conversation ended by restart")
-            return len(ids)
+            return _purge_temporary(conn, tx, op)
         case _:
             assert_never(op)
