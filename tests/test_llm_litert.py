@@ -28,7 +28,6 @@ import agentik
 from agentik.actors.runtime import make_llm
 from agentik.config import Config
 from agentik.errors import ConfigError, LlmConnectionError, LlmResponseError
-from agentik.llm import litert as litert_module
 from agentik.llm.base import (
     FinishDelta,
     LlmDelta,
@@ -38,6 +37,7 @@ from agentik.llm.base import (
     UsageDelta,
 )
 from agentik.llm.litert import LiteRtConversation, LiteRtLlm, history_to_messages
+from agentik.llm.litert import engine as litert_engine
 from agentik.wire import (
     AssistantItem,
     AssistantMessage,
@@ -134,7 +134,7 @@ def test_config_without_the_package_says_what_to_install(
     def missing() -> Any:
         raise ImportError("No module named 'litert_lm'")
 
-    monkeypatch.setattr(litert_module, "_import_litert", missing)
+    monkeypatch.setattr(litert_engine, "import_litert", missing)
     model = tmp_path / "m.litertlm"
     model.write_bytes(b"x")
     with pytest.raises(ConfigError) as info:
@@ -227,14 +227,14 @@ async def test_engine_loads_once_lazily(monkeypatch: pytest.MonkeyPatch) -> None
         assert backend.loaded
         assert backend.context_window == 1024  # from the model file
         assert backend.supports_tools is False  # the test models have no function calling
-        assert len({id(c._engine_conv) for c in convs}) == 3  # one engine conversation each
+        assert len({id(c.engine_conv) for c in convs}) == 3  # one engine conversation each
         engine = backend.engine
         await backend.open([], [])
         assert backend.engine is engine and loads == [1]
     finally:
         await backend.aclose()
     assert backend.engine is None
-    assert all(c.closed and c._engine_conv is None for c in convs)
+    assert all(c.closed and c.engine_conv is None for c in convs)
 
 
 async def _open_into(backend: LiteRtLlm, out: list[LiteRtConversation]) -> None:
@@ -280,7 +280,7 @@ async def test_cancel_stops_the_engine_thread_and_the_next_round_rebuilds() -> N
         assert cancelled is not None
         assert cancelled.cancelled.is_set() and cancelled.done.is_set()  # the thread has ended
         assert cancelled.chunks < 200  # stopped early, not at the end of the window
-        assert conv._engine_conv is None  # a cancelled engine conversation is never reused
+        assert conv.engine_conv is None  # a cancelled engine conversation is never reused
         assert backend.limiter.borrowed_tokens == 0
         # the next round re-creates it from the history, which kept the cancelled question
         backend.max_output_tokens = 8
@@ -310,7 +310,7 @@ async def test_interrupt_ends_the_stream_and_close_during_a_round() -> None:
                         await conv.interrupt()
         assert deltas[-1] == FinishDelta("interrupted")
         assert not any(isinstance(d, UsageDelta) for d in deltas)
-        assert conv._engine_conv is None
+        assert conv.engine_conv is None
         assert conv.messages[-1]["role"] == "user"  # no half answer in the history
 
         # close() from elsewhere while the consumer still holds the stream
@@ -321,7 +321,7 @@ async def test_interrupt_ends_the_stream_and_close_during_a_round() -> None:
                 with pytest.raises(LlmResponseError, match="closed"):
                     async for _ in stream:
                         pass
-        assert conv.closed and conv._engine_conv is None
+        assert conv.closed and conv.engine_conv is None
         assert backend.limiter.borrowed_tokens == 0
     finally:
         await backend.aclose()
