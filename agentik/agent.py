@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from agentik.actors.registry import Registry
     from agentik.actors.runtime import Deps
     from agentik.config import Config
+    from agentik.storage.actor import Storage
     from agentik.storage.hub import EventHub
 
 MAX_PAGE = 1000
@@ -192,6 +193,12 @@ class LocalAgent:
     def hub(self) -> EventHub:
         """The event hub (durable fan-out by cursor, online fan-out)."""
         return self._deps.storage.hub
+
+    @property
+    def storage(self) -> Storage:
+        """The storage handle, for facades that keep records of their own under the shared
+        counter (the A2A task store, SPEC §11): ``write(op)``, ``reader``, ``hub``."""
+        return self._deps.storage
 
     @property
     def supports_image_input(self) -> bool:

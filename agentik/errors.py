@@ -11,6 +11,7 @@ above that boundary only ever sees this tree::
      ├── MailboxFullError       a conversation's mailbox is full (HTTP 429, Retry-After)
      ├── OutboxGapError         a dead cursor: evicted, another epoch, ahead of head (HTTP 410)
      ├── StorageError           a write or read on SQLite failed; a failed write was not stored
+     ├── ConflictError          a write based on a stale read (an A2A task changed meanwhile)
      ├── ConversationFailedError  the conversation crashed too often and stopped taking turns
      ├── RuntimeClosedError     the runtime is shutting down or closed
      ├── LlmError               a backend failed a turn
@@ -84,6 +85,13 @@ class StorageError(AgentikError):
     """SQLite failed. For a write, nothing of that write was stored or acknowledged."""
 
     code = "storage"
+
+
+class ConflictError(AgentikError):
+    """A conditional write found the row changed since it was read (``expect_seq`` mismatch):
+    nothing was stored; re-read and decide again."""
+
+    code = "conflict"
 
 
 class ConversationFailedError(AgentikError):

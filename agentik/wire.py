@@ -219,6 +219,18 @@ class CompactionTriggered(Tagged, frozen=True, kw_only=True):
     summary: str | None = None
 
 
+class TaskUpdated(Tagged, frozen=True, kw_only=True):
+    """A2A (SPEC §11): one change of an A2A task, stored with outbox kind ``a2a``. ``state`` is the
+    task's state after the change (``TASK_STATE_*``); ``update`` is the A2A ``StreamResponse`` JSON
+    that the task's subscribers get for it (``{"task": ...}``, ``{"statusUpdate": ...}`` or
+    ``{"artifactUpdate": ...}``), kept as raw JSON: agentik's wire does not model A2A types."""
+
+    task_id: str
+    context_id: str
+    state: str
+    update: msgspec.Raw
+
+
 DurableEvent = (
     UserMessageEvent
     | AssistantMessageEvent
@@ -229,6 +241,7 @@ DurableEvent = (
     | ErrorEvent
     | ConversationClosing
     | CompactionTriggered
+    | TaskUpdated
 )
 
 

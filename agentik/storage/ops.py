@@ -101,6 +101,26 @@ class PurgeTemporary(Op, frozen=True, kw_only=True):
     """Start-up: temporary conversations do not survive a restart."""
 
 
+class PutA2ATask(Op, frozen=True, kw_only=True):
+    """A2A (SPEC §11): store one change of an A2A task: its whole record (``task``, the A2A Task
+    JSON after the change) in ``a2a_task`` with seq = N, and a ``TaskUpdated`` event (outbox kind
+    ``a2a``) at offset N carrying ``update`` (the A2A StreamResponse JSON of the change).
+
+    Conditional: ``expect_seq`` is the row's seq the caller last read (None: the task must not
+    exist yet); any other stored seq refuses the op with ConflictError, so two writers racing on
+    one task (an answer and a cancel) cannot both win. Returns N."""
+
+    task_id: str
+    context_id: str
+    #: the agentik conversation behind the task's context (None when there is none, e.g. tests'
+    #: scripted executor); also the outbox row's conversation_id
+    conversation_id: str | None
+    state: str
+    task: bytes
+    update: bytes
+    expect_seq: int | None
+
+
 AnyOp = (
     CreateConversation
     | DeleteConversation
@@ -113,4 +133,5 @@ AnyOp = (
     | Compact
     | RecoverTurns
     | PurgeTemporary
+    | PutA2ATask
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import trio
@@ -143,6 +144,97 @@ def has_conversation_events(conn: sqlite3.Connection, conversation_id: str, afte
         (conversation_id, after),
     ).fetchone()
     return row is not None
+
+
+# --- A2A tasks (SPEC §11) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class A2ATaskRow:
+    """One stored A2A task: ``payload`` is its A2A Task JSON; ``first_seq`` the offset of its
+    first event, ``seq`` of its last change."""
+
+    id: str
+    context_id: str
+    conversation_id: str | None
+    state: str
+    created_at: float
+    updated_at: float
+    first_seq: int
+    seq: int
+    payload: bytes
+
+
+_A2A_TASK_COLUMNS = (
+    "id, context_id, conversation_id, state, created_at, updated_at, first_seq, seq, payload"
+)
+
+
+def _a2a_task_row(row: tuple[Any, ...]) -> A2ATaskRow:
+    return A2ATaskRow(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], bytes(row[8]))
+
+
+def get_a2a_task(conn: sqlite3.Connection, task_id: str) -> A2ATaskRow | None:
+    row = conn.execute(
+        f"SELECT {_A2A_TASK_COLUMNS} FROM a2a_task WHERE id=?", (task_id,)
+    ).fetchone()
+    return _a2a_task_row(row) if row else None
+
+
+def latest_a2a_task_of_context(conn: sqlite3.Connection, context_id: str) -> A2ATaskRow | None:
+    """The context's most recently created task (its conversation is the context's), or None for
+    a context no task has used yet."""
+    row = conn.execute(
+        f"SELECT {_A2A_TASK_COLUMNS} FROM a2a_task WHERE context_id=? "
+        "ORDER BY first_seq DESC LIMIT 1",
+        (context_id,),
+    ).fetchone()
+    return _a2a_task_row(row) if row else None
+
+
+def list_a2a_tasks(
+    conn: sqlite3.Connection,
+    context_id: str | None,
+    state: str | None,
+    before_first_seq: int | None,
+    limit: int,
+) -> tuple[list[A2ATaskRow], int]:
+    """One consistent read: (tasks matching the filters, newest first by creation, created before
+    ``before_first_seq`` if given, at most ``limit``; how many match the filters in all)."""
+    where = []
+    args: list[Any] = []
+    if context_id is not None:
+        where.append("context_id=?")
+        args.append(context_id)
+    if state is not None:
+        where.append("state=?")
+        args.append(state)
+    cond = (" WHERE " + " AND ".join(where)) if where else ""
+    conn.execute("BEGIN")
+    try:
+        (total,) = conn.execute(f"SELECT COUNT(*) FROM a2a_task{cond}", args).fetchone()
+        page_cond = cond
+        page_args = list(args)
+        if before_first_seq is not None:
+            page_cond += (" AND " if cond else " WHERE ") + "first_seq < ?"
+            page_args.append(before_first_seq)
+        rows = conn.execute(
+            f"SELECT {_A2A_TASK_COLUMNS} FROM a2a_task{page_cond} ORDER BY first_seq DESC LIMIT ?",
+            [*page_args, limit],
+        ).fetchall()
+    finally:
+        conn.execute("COMMIT")
+    return [_a2a_task_row(r) for r in rows], int(total)
+
+
+def a2a_tasks_in_states(conn: sqlite3.Connection, states: tuple[str, ...]) -> list[A2ATaskRow]:
+    """Every task in one of ``states`` (start-up: the tasks a dead process left running)."""
+    marks = ", ".join("?" for _ in states)
+    rows = conn.execute(
+        f"SELECT {_A2A_TASK_COLUMNS} FROM a2a_task WHERE state IN ({marks}) ORDER BY first_seq",
+        states,
+    ).fetchall()
+    return [_a2a_task_row(r) for r in rows]
 
 
 class Reader:

@@ -9,6 +9,8 @@ Tables:
   start-up means the process died mid-turn; start-up closes it with an Error record.
 - ``outbox``: durable events by offset; trimmed from the oldest end only, so the retained offsets are
   always one contiguous range.
+- ``a2a_task`` (v2): A2A tasks (SPEC §11). ``payload`` is the A2A Task JSON; ``first_seq`` is the
+  offset of the task's first event, ``seq`` of its last change (both from the one counter).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import secrets
 import sqlite3
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -64,8 +66,25 @@ CREATE INDEX outbox_by_conversation ON outbox (conversation_id, "offset");
 CREATE INDEX outbox_by_time ON outbox (created_at);
 """
 
+_V2 = """
+CREATE TABLE a2a_task (
+    id TEXT PRIMARY KEY,
+    context_id TEXT NOT NULL,
+    conversation_id TEXT,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    first_seq INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    payload BLOB NOT NULL
+);
+CREATE INDEX a2a_task_by_first_seq ON a2a_task (first_seq);
+CREATE INDEX a2a_task_by_context ON a2a_task (context_id, first_seq);
+CREATE INDEX a2a_task_by_state ON a2a_task (state);
+"""
+
 #: version -> script that brings a database from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
 
 
 def migrate(conn: sqlite3.Connection) -> None:

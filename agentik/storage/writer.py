@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, assert_never
 
-from agentik.errors import AgentikError, NotFoundError, StorageError
+import msgspec
+
+from agentik.errors import AgentikError, ConflictError, NotFoundError, StorageError
 from agentik.storage import ops
 from agentik.storage.schema import migrate
 from agentik.wire import (
@@ -39,6 +41,7 @@ from agentik.wire import (
     MessageRecord,
     Renamed,
     SystemItem,
+    TaskUpdated,
     ToolCallEvent,
     ToolFailed,
     ToolResultEvent,
@@ -58,7 +61,7 @@ class StoredEvent:
 
     offset: int
     conversation_id: str | None
-    kind: str  # "agent" or "conversation"
+    kind: str  # "agent", "conversation" or "a2a"
     event: CommonEvent
     raw: bytes
 
@@ -505,5 +508,34 @@ def apply_op(conn: sqlite3.Connection, tx: _Tx, op: ops.AnyOp) -> Any:
             return _recover_turns(conn, tx, op)
         case ops.PurgeTemporary():
             return _purge_temporary(conn, tx, op)
+        case ops.PutA2ATask():
+            return _put_a2a_task(conn, tx, op)
         case _:
             assert_never(op)
+
+
+def _put_a2a_task(conn: sqlite3.Connection, tx: _Tx, op: ops.PutA2ATask) -> int:
+    row = conn.execute("SELECT seq FROM a2a_task WHERE id=?", (op.task_id,)).fetchone()
+    stored = None if row is None else int(row[0])
+    if stored != op.expect_seq:
+        raise ConflictError(
+            f"task {op.task_id!r} is at seq {stored}, the change expected {op.expect_seq}"
+        )
+    seq = _alloc(tx)
+    if row is None:
+        conn.execute(
+            "INSERT INTO a2a_task (id, context_id, conversation_id, state, created_at, updated_at, "
+            "first_seq, seq, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (op.task_id, op.context_id, op.conversation_id, op.state, tx.now, tx.now, seq, seq,
+             op.task),
+        )
+    else:
+        conn.execute(
+            "UPDATE a2a_task SET conversation_id=?, state=?, updated_at=?, seq=?, payload=? "
+            "WHERE id=?",
+            (op.conversation_id, op.state, tx.now, seq, op.task, op.task_id),
+        )
+    event = TaskUpdated(task_id=op.task_id, context_id=op.context_id, state=op.state,
+                        update=msgspec.Raw(op.update))
+    _emit(conn, tx, seq, op.conversation_id, event, kind="a2a")
+    return seq

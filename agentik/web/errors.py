@@ -7,7 +7,7 @@ the same :class:`~agentik.web.types.ErrorDetail`.
 Status by class (the first matching base in the MRO wins)::
 
     InvalidInputError 400   UnauthorizedError 401   NotFoundError 404
-    ConversationFailedError 409   OutboxGapError 410   PayloadTooLargeError 413
+    ConversationFailedError / ConflictError 409   OutboxGapError 410   PayloadTooLargeError 413
     MailboxFullError 429   LlmError / ToolError 502   StorageError / RuntimeClosedError 503
     any other AgentikError 500
 """
@@ -19,6 +19,7 @@ import math
 from agentik.errors import (
     AgentikError,
     ConfigError,
+    ConflictError,
     ConversationFailedError,
     InvalidInputError,
     LlmError,
@@ -49,6 +50,7 @@ STATUS: dict[type[AgentikError], int] = {
     UnauthorizedError: 401,
     NotFoundError: 404,
     ConversationFailedError: 409,
+    ConflictError: 409,
     OutboxGapError: 410,
     PayloadTooLargeError: 413,
     MailboxFullError: 429,

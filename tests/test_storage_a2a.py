@@ -1,0 +1,135 @@
+"""A2A task storage (SPEC §11) on real SQLite files: PutA2ATask writes the task row and its
+TaskUpdated event under one seq, refuses a stale ``expect_seq`` without using a seq, the queries
+page newest first, and a version-1 database migrates to version 2 with its data kept."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+from agentik.errors import ConflictError
+from agentik.storage import ops
+from agentik.storage import queries as q
+from agentik.storage.actor import Storage, run_storage
+from agentik.storage.schema import _V1, SCHEMA_VERSION
+from agentik.storage.writer import Writer
+from agentik.wire import TaskUpdated
+
+
+@asynccontextmanager
+async def open_storage(path: str) -> AsyncIterator[Storage]:
+    async with trio.open_nursery() as nursery:
+        storage: Storage = await nursery.start(partial(run_storage, path))
+        yield storage
+        nursery.cancel_scope.cancel()
+
+
+def put(
+    task_id: str, state: str, expect: int | None, context: str = "ctx", text: str = "x"
+) -> ops.PutA2ATask:
+    return ops.PutA2ATask(
+        task_id=task_id, context_id=context, conversation_id="conv-" + context, state=state,
+        task=msgspec.json.encode({"id": task_id, "state": state, "text": text}),
+        update=msgspec.json.encode({"statusUpdate": {"taskId": task_id, "state": state}}),
+        expect_seq=expect,
+    )
+
+
+async def test_put_task_row_and_event_share_one_seq(db_path: str) -> None:
+    async with open_storage(db_path) as st:
+        before = st.hub.current_cursor()
+        seq1 = await st.write(put("t1", "TASK_STATE_WORKING", None))
+        seq2 = await st.write(put("t1", "TASK_STATE_COMPLETED", seq1, text="done"))
+        assert seq2 == seq1 + 1
+        row = await st.reader.run(q.get_a2a_task, "t1")
+        assert row is not None
+        assert (row.first_seq, row.seq, row.state) == (seq1, seq2, "TASK_STATE_COMPLETED")
+        assert row.conversation_id == "conv-ctx"
+        assert msgspec.json.decode(row.payload)["text"] == "done"
+        events = []
+        with trio.fail_after(10):
+            async for ev in st.hub.events(before, kind="a2a"):
+                events.append(ev)
+                if len(events) == 2:
+                    break
+        assert [e.cursor.offset for e in events if e.cursor] == [seq1, seq2]
+        last = events[-1].event
+        assert isinstance(last, TaskUpdated)
+        assert (last.task_id, last.context_id, last.state) == ("t1", "ctx", "TASK_STATE_COMPLETED")
+        assert msgspec.json.decode(last.update) == {
+            "statusUpdate": {"taskId": "t1", "state": "TASK_STATE_COMPLETED"}}
+        assert events[-1].conversation_id == "conv-ctx"
+
+
+async def test_stale_expect_seq_is_refused_and_uses_no_seq(db_path: str) -> None:
+    async with open_storage(db_path) as st:
+        seq1 = await st.write(put("t1", "TASK_STATE_WORKING", None))
+        seq2 = await st.write(put("t1", "TASK_STATE_CANCELED", seq1))
+        with pytest.raises(ConflictError):
+            await st.write(put("t1", "TASK_STATE_COMPLETED", seq1))  # lost the race
+        with pytest.raises(ConflictError):
+            await st.write(put("t1", "TASK_STATE_WORKING", None))  # exists already
+        row = await st.reader.run(q.get_a2a_task, "t1")
+        assert row is not None and row.state == "TASK_STATE_CANCELED"
+        assert st.hub.current_cursor().offset == seq2  # the refused ops took no seq
+        seq3 = await st.write(put("t2", "TASK_STATE_WORKING", None))
+        assert seq3 == seq2 + 1
+
+
+async def test_list_newest_first_paged_filtered_and_counted(db_path: str) -> None:
+    async with open_storage(db_path) as st:
+        firsts = {}
+        for i in range(5):
+            firsts[f"t{i}"] = await st.write(
+                put(f"t{i}", "TASK_STATE_COMPLETED" if i % 2 else "TASK_STATE_WORKING", None,
+                    context="a" if i < 3 else "b"))
+        # A later change does not move a task in the listing (ordered by creation).
+        await st.write(put("t0", "TASK_STATE_FAILED", firsts["t0"]))
+        rows, total = await st.reader.run(q.list_a2a_tasks, None, None, None, 2)
+        assert [r.id for r in rows] == ["t4", "t3"] and total == 5
+        rows, total = await st.reader.run(q.list_a2a_tasks, None, None, rows[-1].first_seq, 2)
+        assert [r.id for r in rows] == ["t2", "t1"] and total == 5
+        rows, _ = await st.reader.run(q.list_a2a_tasks, None, None, rows[-1].first_seq, 2)
+        assert [r.id for r in rows] == ["t0"]
+        rows, total = await st.reader.run(q.list_a2a_tasks, "a", None, None, 10)
+        assert [r.id for r in rows] == ["t2", "t1", "t0"] and total == 3
+        rows, total = await st.reader.run(q.list_a2a_tasks, "a", "TASK_STATE_COMPLETED", None, 10)
+        assert [r.id for r in rows] == ["t1"] and total == 1
+        rows, total = await st.reader.run(q.list_a2a_tasks, "nope", None, None, 10)
+        assert rows == [] and total == 0
+        latest = await st.reader.run(q.latest_a2a_task_of_context, "b")
+        assert latest is not None and latest.id == "t4"
+        assert await st.reader.run(q.latest_a2a_task_of_context, "nope") is None
+        running = await st.reader.run(
+            q.a2a_tasks_in_states, ("TASK_STATE_WORKING", "TASK_STATE_SUBMITTED"))
+        assert [r.id for r in running] == ["t2", "t4"]
+
+
+def test_version_1_database_migrates_to_2_keeping_its_rows(tmp_path: Path) -> None:
+    path = str(tmp_path / "v1.db")
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in _V1.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("INSERT INTO meta VALUES ('epoch', 'e1'), ('next_seq', '8'), "
+                 "('schema_version', '1')")
+    conn.execute("INSERT INTO conversation VALUES ('c1', NULL, 0, 1.0, 1.0, 7)")
+    conn.close()
+    assert SCHEMA_VERSION == 2
+    w = Writer(path, synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
+    try:
+        assert w.epoch == "e1" and w.next_seq == 8
+        version = w.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        assert version[0] == "2"
+        assert w.conn.execute("SELECT id FROM conversation").fetchall() == [("c1",)]
+        result = w.commit_batch([put("t1", "TASK_STATE_WORKING", None)])
+        assert result.results == [8]
+    finally:
+        w.close()
