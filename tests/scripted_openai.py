@@ -13,6 +13,15 @@ Each ``POST /v1/chat/completions`` consumes one scripted step from the queue (FI
 queue is empty the ``callable_default`` hook answers if set, else ``default`` (an :class:`Echo`).
 Streams are SSE ``data: {chat.completion.chunk}`` events ending with ``data: [DONE]``, with a
 final ``choices: []`` usage chunk when ``stream_options.include_usage`` is set.
+
+Context-window mode (like llama.cpp, vLLM or OpenAI with a small model): set
+``server.context_limit = N`` and every request whose prompt plus requested output
+(``max_tokens`` / ``max_completion_tokens``) exceeds N of the server's tokens (:func:`count_tokens`:
+a quarter of the characters, rounded up, plus 4 per message) is refused with HTTP 400
+``context_length_exceeded`` "This model's maximum context length is N tokens. However, your
+messages resulted in M tokens." (``context_error_text`` replaces that message, e.g. with
+llama.cpp's wording); replies then stop at the requested output limit with finish_reason
+``length`` and report the server's own prompt count as usage. ``refused`` counts the refusals.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ __all__ = [
     "ScriptedOpenAI",
     "Step",
     "ToolCalls",
+    "count_tokens",
     "open_scripted_openai",
 ]
 
@@ -151,6 +161,25 @@ def last_user_text(body: dict[str, Any]) -> str:
     return ""
 
 
+def count_tokens(body: dict[str, Any]) -> int:
+    """The scripted server's own token count of a request's messages: a quarter of the
+    characters of each message's text (rounded up) plus 4 per message."""
+    total = 0
+    for message in body.get("messages") or []:
+        if not isinstance(message, dict):
+            continue
+        text = json.dumps(message.get("content") or "") if not isinstance(
+            message.get("content"), str) else message["content"]
+        text += json.dumps(message.get("tool_calls") or "")
+        total += -(-len(text) // 4) + 4
+    return total
+
+
+def requested_output(body: dict[str, Any]) -> int | None:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 def _sse(data: Any) -> bytes:
     text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     return f"data: {text}\n\n".encode()
@@ -170,6 +199,12 @@ class ScriptedOpenAI:
         self.default: Step = Echo()
         #: if set, answers requests when the queue is empty: ``fn(body) -> step``
         self.callable_default: Callable[[dict[str, Any]], Step] | None = None
+        #: context-window mode (see the module docstring): None = no limit
+        self.context_limit: int | None = None
+        #: replaces the 400's message in context-window mode (``{limit}``, ``{tokens}`` filled in)
+        self.context_error_text: str | None = None
+        #: requests refused for exceeding ``context_limit``
+        self.refused = 0
         self._queue: deque[Step] = deque()
         self._closing = trio.Event()
         self._request_arrived = trio.Event()
@@ -246,6 +281,19 @@ class ScriptedOpenAI:
             self.requests.append(body)
             self._request_arrived.set()
             self._request_arrived = trio.Event()
+            if self.context_limit is not None:
+                prompt = count_tokens(body)
+                tokens = prompt + (requested_output(body) or 0)
+                if tokens > self.context_limit:
+                    self.refused += 1
+                    text = self.context_error_text or (
+                        "This model's maximum context length is {limit} tokens. However, your "
+                        "messages resulted in {tokens} tokens. Please reduce the length of the "
+                        "messages."
+                    )
+                    message = text.format(limit=self.context_limit, tokens=tokens)
+                    return _error_body(400, message, "invalid_request_error",
+                                       "context_length_exceeded"), 400
             step = self._next_step(body)
             if isinstance(step, Echo):
                 step = Reply(
@@ -254,6 +302,8 @@ class ScriptedOpenAI:
                 )
             if isinstance(step, Fail):
                 return _error_body(step.status, step.message, step.type, step.code), step.status
+            if self.context_limit is not None and isinstance(step, Reply):
+                step = _limited(step, count_tokens(body), requested_output(body))
 
             self._counter += 1
             chunk_id = f"chatcmpl-scripted-{self._counter}"
@@ -433,6 +483,25 @@ class ScriptedOpenAI:
             return
 
         raise TypeError(f"unknown step {step!r}")  # pragma: no cover
+
+
+def _limited(step: Reply, prompt: int, limit: int | None) -> Reply:
+    """Context-window mode: the reply cut at the requested output (a word chunk costs a quarter
+    of its characters), finish_reason ``length`` if cut; usage is the server's own count."""
+    texts = split_words(step.text) if isinstance(step.text, str) else list(step.text)
+    kept: list[str] = []
+    used = 0
+    finish = step.finish_reason
+    for text in texts:
+        cost = -(-len(text) // 4)
+        if limit is not None and used + cost > limit:
+            finish = "length"
+            break
+        kept.append(text)
+        used += cost
+    return Reply(kept, chunk_delay=step.chunk_delay, reasoning=step.reasoning,
+                 usage=(prompt, used), gate=step.gate, reasoning_field=step.reasoning_field,
+                 finish_reason=finish)
 
 
 def _usage(usage: tuple[int, int]) -> dict[str, int]:
