@@ -9,7 +9,6 @@ In-process use::
 Errors are in :mod:`agentik.errors` (re-exported here); wire types in :mod:`agentik.wire`.
 """
 
-from agentik.actors.runtime import open_runtime
 from agentik.agent import LocalAgent, LocalConversation
 from agentik.config import Config
 from agentik.errors import (
@@ -25,6 +24,7 @@ from agentik.errors import (
     StorageError,
     ToolError,
 )
+from agentik.runtime import open_runtime
 from agentik.tools.base import FunctionTools, NoTools, ToolOutcome, ToolRegistry
 from agentik.wire import CommonEvent, Cursor, Image, MessageContext, MessageOrigin, Text
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
-from agentik.actors.conversation import _Retry
+from agentik.actors.deps import Deps
+from agentik.actors.registry import Registry
 from agentik.errors import InvalidInputError, NotFoundError, RuntimeClosedError
-from agentik.protocol import ConversationView
 from agentik.storage import ops
 from agentik.storage import queries as q
 from agentik.wire import (
@@ -24,6 +24,7 @@ from agentik.wire import (
     Content,
     ConversationRecord,
     ConversationsSnapshot,
+    ConversationView,
     Cursor,
     Image,
     MessageContext,
@@ -32,8 +33,6 @@ from agentik.wire import (
 )
 
 if TYPE_CHECKING:
-    from agentik.actors.registry import Registry
-    from agentik.actors.runtime import Deps
     from agentik.config import Config
     from agentik.storage.actor import Storage
     from agentik.storage.hub import EventHub
@@ -204,6 +203,10 @@ class LocalAgent:
     def supports_image_input(self) -> bool:
         return self._deps.llm.supports_images
 
+    def mark_closed(self) -> None:
+        """Refuse every later call (RuntimeClosedError); ``open_runtime`` calls this as it leaves."""
+        self._closed = True
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeClosedError("the runtime is closed")
@@ -237,27 +240,16 @@ class LocalAgent:
         return record
 
     async def interrupt(self, conversation_id: str) -> bool:
+        """Cancel the running turn (Interrupted event). Returns whether a turn was running.
+        Raises NotFoundError."""
         self._check_open()
-        handle = self._registry.live.get(conversation_id)
-        if handle is None:
-            if await self._deps.storage.reader.run(q.get_conversation, conversation_id) is None:
-                raise NotFoundError(f"conversation {conversation_id!r} not found")
-            return False
-        return handle.interrupt()
+        return await self._registry.interrupt(conversation_id)
 
     async def _send(
         self, conversation_id: str, content: list[Content], context: MessageContext | None
     ) -> MessageRecord:
         self._check_open()
-        for _ in range(3):
-            handle = await self._registry.get(conversation_id)
-            if handle is None:
-                raise NotFoundError(f"conversation {conversation_id!r} not found")
-            try:
-                return await handle.submit(content, context)
-            except _Retry:
-                continue
-        raise RuntimeClosedError(f"conversation {conversation_id!r} keeps closing")
+        return await self._registry.submit(conversation_id, content, context)
 
     async def send(
         self,

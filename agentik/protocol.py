@@ -20,7 +20,7 @@ import msgspec
 from agentik.wire import (
     CommonEvent,
     Content,
-    ConversationRecord,
+    ConversationView,  # noqa: F401 - re-exported for agentik.client; defined in wire
     MessageContext,
     Tagged,
     Wire,
@@ -239,20 +239,3 @@ class SubscribeResult(Wire, frozen=True, kw_only=True):
 decode_client_frame = msgspec.json.Decoder(ClientFrame).decode
 decode_server_frame = msgspec.json.Decoder(ServerFrame).decode
 
-
-class ConversationView:
-    """What the in-process and the HTTP conversation handles derive from their record alike."""
-
-    record: ConversationRecord
-
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def title(self) -> str | None:
-        return self.record.title
-
-    @property
-    def is_temporal(self) -> bool:
-        return self.record.is_temporal

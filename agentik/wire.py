@@ -326,6 +326,24 @@ def event_type(event: Event) -> str:
     return type(event).__struct_config__.tag  # type: ignore[return-value]
 
 
+class ConversationView:
+    """What the in-process and the HTTP conversation handles derive from their record alike."""
+
+    record: ConversationRecord
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def title(self) -> str | None:
+        return self.record.title
+
+    @property
+    def is_temporal(self) -> bool:
+        return self.record.is_temporal
+
+
 # --- snapshots -----------------------------------------------------------------------------------
 
 

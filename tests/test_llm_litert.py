@@ -25,7 +25,6 @@ import trio
 import trio.testing
 
 import agentik
-from agentik.actors.runtime import make_llm
 from agentik.config import Config
 from agentik.errors import ConfigError, LlmConnectionError, LlmResponseError
 from agentik.llm.base import (
@@ -38,6 +37,7 @@ from agentik.llm.base import (
 )
 from agentik.llm.litert import LiteRtConversation, LiteRtLlm, history_to_messages
 from agentik.llm.litert import engine as litert_engine
+from agentik.runtime import make_llm
 from agentik.wire import (
     AssistantItem,
     AssistantMessage,

@@ -23,8 +23,8 @@ import httpx2
 import pytest
 import trio
 
-from agentik.actors.runtime import open_runtime
 from agentik.config import Config
+from agentik.runtime import open_runtime
 from tests.scripted_openai import Hang, ScriptedOpenAI
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     allow_error_logs,

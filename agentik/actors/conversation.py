@@ -5,30 +5,25 @@ engine keeps its KV cache) and runs one turn at a time from its bounded mailbox.
 not queued behind turns: the handle cancels the running turn's scope directly, and the shielded
 cleanup stores what the user already saw.
 
-The ``ConversationHandle`` outlives actor incarnations: the supervisor restarts a crashed actor
-with the same handle, so the mailbox and its queued turns survive a crash.
+The ``ConversationHandle`` (``handle.py``) outlives actor incarnations: the supervisor
+(``supervisor.py``) restarts a crashed actor with the same handle.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
-from collections import deque
 from collections.abc import Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, assert_never
+from typing import assert_never
 
 import trio
 
 from agentik.actors import turn as logic
-from agentik.actors.messages import MailboxMessage, Stop, Turn
+from agentik.actors.handle import ConversationHandle
+from agentik.actors.messages import Turn
 from agentik.errors import (
-    AgentikError,
-    ConversationFailedError,
     LlmError,
-    MailboxFullError,
     NotFoundError,
     RuntimeClosedError,
     StorageError,
@@ -41,8 +36,6 @@ from agentik.wire import (
     Content,
     End,
     Error,
-    MessageContext,
-    MessageRecord,
     OnlineEvent,
     SummaryItem,
     SystemItem,
@@ -52,87 +45,11 @@ from agentik.wire import (
     ToolItem,
     ToolResult,
     UserItem,
-    UserMessage,
     Working,
     encode,
 )
 
-if TYPE_CHECKING:
-    from agentik.actors.runtime import Deps
-
 log = logging.getLogger(__name__)
-
-
-class _Retry(Exception):
-    """The handle was passivated between lookup and send: look it up again."""
-
-
-@dataclass(eq=False)
-class ConversationHandle:
-    """What the registry hands out for a live conversation."""
-
-    conversation_id: str
-    deps: Deps
-    mailbox: trio.MemorySendChannel[MailboxMessage]
-    inbox: trio.MemoryReceiveChannel[MailboxMessage]
-    closed: bool = False
-    failed: bool = False
-    failed_until: float = 0.0
-    current: Turn | None = None
-    turn_scope: trio.CancelScope | None = None
-    interrupt_requested: bool = False
-    actor_scope: trio.CancelScope | None = None
-    exited: trio.Event = field(default_factory=trio.Event)
-    crashes: deque[float] = field(default_factory=deque)
-
-    async def submit(self, content: Sequence[Content], context: MessageContext | None) -> MessageRecord:
-        """Queue a turn and store its user message. Returns the stored record once durable.
-
-        Raises MailboxFullError, ConversationFailedError, NotFoundError (deleted meanwhile),
-        StorageError; _Retry if this handle was just passivated.
-        """
-        if self.failed:
-            raise ConversationFailedError(
-                f"conversation {self.conversation_id!r} crashed too often and takes no more turns"
-            )
-        turn = Turn(turn_id=uuid.uuid4().hex, content=tuple(content), context=context)
-        try:
-            self.mailbox.send_nowait(turn)
-        except trio.WouldBlock:
-            raise MailboxFullError(
-                f"conversation {self.conversation_id!r} already has "
-                f"{self.deps.config.mailbox_size} turns queued",
-                retry_after=1.0,
-            ) from None
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise _Retry() from None
-        ok = False
-        try:
-            # Shielded: once queued, the store must finish and settle the turn, or the actor
-            # would wait on it and the turn row would dangle.
-            with trio.CancelScope(shield=True):
-                record: MessageRecord = await self.deps.storage.write(
-                    ops.AppendUserMessage(
-                        conversation_id=self.conversation_id,
-                        message_id=turn.turn_id,
-                        message=UserMessage(content=list(content), context=context),
-                    )
-                )
-            ok = True
-            return record
-        finally:
-            turn.settle(ok)
-
-    def interrupt(self) -> bool:
-        """Cancel the running turn, if any. Returns whether a turn was running."""
-        if self.turn_scope is None:
-            return False
-        self.interrupt_requested = True
-        self.turn_scope.cancel()
-        return True
-
-    def queued(self) -> int:
-        return self.mailbox.statistics().current_buffer_used
 
 
 class ConversationActor:
@@ -158,14 +75,12 @@ class ConversationActor:
                     except trio.EndOfChannel:
                         return  # the mailbox was closed: the conversation is being stopped
                 if idle.cancelled_caught:
-                    if self.deps.passivate(self.h):
+                    if self.h.keeper.passivate(self.h):
                         return
                     continue
                 match msg:
                     case Turn():
                         await self.run_turn(msg)
-                    case Stop():
-                        return
                     case _:
                         assert_never(msg)
         finally:
@@ -369,7 +284,7 @@ class ConversationActor:
         state.finished = True
         with trio.CancelScope(shield=True):
             await self._close_pending_calls(state, "the turn ended before this tool call finished")
-            await self._finish_safely(
+            await self.finish_safely(
                 ops.FinishTurn(
                     conversation_id=self.h.conversation_id, turn_id=turn.turn_id,
                     assistant=(uuid.uuid4().hex, partial) if partial is not None else None,
@@ -391,7 +306,7 @@ class ConversationActor:
         state.finished = True
         with trio.CancelScope(shield=True):
             await self._close_pending_calls(state, "the turn ended before this tool call finished")
-            await self._finish_safely(
+            await self.finish_safely(
                 ops.FinishTurn(
                     conversation_id=self.h.conversation_id, turn_id=turn.turn_id,
                     assistant=(uuid.uuid4().hex, partial) if partial is not None else None,
@@ -415,7 +330,7 @@ class ConversationActor:
                 log.warning("could not close tool call %s: %s", call.call_id, exc)
         state.pending_calls = []
 
-    async def _finish_safely(self, op: ops.FinishTurn) -> None:
+    async def finish_safely(self, op: ops.FinishTurn) -> None:
         try:
             await self.deps.storage.write(op)
         except NotFoundError:
@@ -424,80 +339,18 @@ class ConversationActor:
             # The turn row stays open; the next start-up closes it with an Error record.
             log.error("could not store the end of turn %s: %s", op.turn_id, exc)
 
-
-async def supervise(
-    handle: ConversationHandle, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """Run the conversation's actor, restarting it after a crash (an unexpected exception) with
-    the same mailbox; a crash ends the running turn with an Error record. More than
-    ``restart_limit`` crashes within ``restart_period`` seconds mark the conversation failed: its
-    queued turns get an Error and later sends raise ConversationFailedError. Cancellation is never
-    swallowed. Never raises anything but Cancelled."""
-    deps = handle.deps
-    cfg = deps.config
-    try:
-        with trio.CancelScope() as scope:
-            handle.actor_scope = scope
-            task_status.started()
-            while True:
-                actor = ConversationActor(handle)
-                try:
-                    await actor.run()
-                    return
-                except Exception as exc:
-                    log.exception("conversation %s crashed", handle.conversation_id)
-                    turn = handle.current
-                    handle.current = None
-                    handle.turn_scope = None
-                    now = time.monotonic()
-                    handle.crashes.append(now)
-                    while handle.crashes and handle.crashes[0] < now - cfg.restart_period:
-                        handle.crashes.popleft()
-                    # Decide before recording: once the crash's events are out, a client may
-                    # send again at once and must already see the failed state.
-                    handle.failed = len(handle.crashes) > cfg.restart_limit
-                    handle.failed_until = now + cfg.restart_period
-                    if turn is not None:
-                        await _record_crash(actor, turn, exc)
-                    if handle.failed:
-                        log.error("conversation %s failed: %d crashes in %g s",
-                                  handle.conversation_id, len(handle.crashes), cfg.restart_period)
-                        await _fail_queued(handle)
-                        return
-    finally:
-        # A failed conversation stays registered as a tombstone (sends get
-        # ConversationFailedError) until its restart period has passed; see Registry.get.
-        if not handle.failed:
-            deps.forget(handle)
-        handle.exited.set()
-
-
-async def _record_crash(actor: ConversationActor, turn: Turn, exc: BaseException) -> None:
-    with trio.CancelScope(shield=True):
-        await actor._finish_safely(
-            ops.FinishTurn(
-                conversation_id=actor.h.conversation_id, turn_id=turn.turn_id,
-                error=(uuid.uuid4().hex,
-                       Error(message=f"internal error: {type(exc).__name__}: {exc}",
-                             code="crash", turn_id=turn.turn_id)),
+    async def end_crashed(self, turn: Turn, exc: BaseException) -> None:
+        """Close ``turn`` with a crash Error (the supervisor calls this after a bug)."""
+        with trio.CancelScope(shield=True):
+            await self.finish_safely(
+                ops.FinishTurn(
+                    conversation_id=self.h.conversation_id, turn_id=turn.turn_id,
+                    error=(uuid.uuid4().hex,
+                           Error(message=f"internal error: {type(exc).__name__}: {exc}",
+                                 code="crash", turn_id=turn.turn_id)),
+                )
             )
-        )
-        actor.online(End(turn_id=turn.turn_id))
+            self.online(End(turn_id=turn.turn_id))
 
 
-async def _fail_queued(handle: ConversationHandle) -> None:
-    handle.mailbox.close()
-    async with handle.inbox:
-        while True:
-            try:
-                msg = handle.inbox.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                return
-            if isinstance(msg, Turn):
-                await msg.stored.wait()
-                if msg.store_ok:
-                    actor = ConversationActor(handle)
-                    await _record_crash(actor, msg, ConversationFailedError("conversation failed"))
-
-
-__all__ = ["AgentikError", "ConversationActor", "ConversationHandle", "_Retry", "supervise"]
+__all__ = ["ConversationActor"]

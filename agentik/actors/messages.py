@@ -27,9 +27,6 @@ class Turn:
         self.stored.set()
 
 
-@dataclass(frozen=True)
-class Stop:
-    """Finish the current turn, then exit (graceful passivation or deletion)."""
-
-
-MailboxMessage = Turn | Stop
+#: everything a conversation's mailbox carries (a closed union, matched with ``assert_never``;
+#: interrupt and stop do not queue: they cancel scopes directly, see ``ConversationHandle``)
+MailboxMessage = Turn

@@ -1,9 +1,9 @@
-"""RegistryActor: owns the map conversation id -> live ConversationHandle.
+"""Registry: owns the map conversation id -> live ConversationHandle.
 
 It creates conversations, cold-loads them from storage on demand, and forgets them when they are
 passivated, deleted or failed. All its state changes happen between awaits of the one trio thread,
 so "look up, else start" is atomic; a per-id loading event makes concurrent cold loads of the same
-id share one actor.
+id share one actor. It is the ``Keeper`` of every handle it hands out.
 """
 
 from __future__ import annotations
@@ -11,21 +11,24 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
 
 import trio
 
-from agentik.actors.conversation import ConversationHandle, supervise
+from agentik.actors.deps import Deps
+from agentik.actors.handle import ConversationHandle, HandleClosed
 from agentik.actors.messages import MailboxMessage
+from agentik.actors.supervisor import supervise
+from agentik.errors import NotFoundError, RuntimeClosedError
 from agentik.storage import ops
 from agentik.storage.queries import get_conversation
-from agentik.wire import ConversationRecord
-
-if TYPE_CHECKING:
-    from agentik.actors.runtime import Deps
+from agentik.wire import Content, ConversationRecord, MessageContext, MessageRecord
 
 log = logging.getLogger(__name__)
+
+#: lookups a send makes when the handle it found keeps being passivated under it
+_SUBMIT_ATTEMPTS = 3
 
 
 class Registry:
@@ -34,12 +37,10 @@ class Registry:
         self.nursery = nursery
         self.live: dict[str, ConversationHandle] = {}
         self._loading: dict[str, trio.Event] = {}
-        deps.passivate = self.passivate
-        deps.forget = self.forget
 
     async def _start(self, conversation_id: str) -> ConversationHandle:
         send, recv = trio.open_memory_channel[MailboxMessage](self.deps.config.mailbox_size)
-        handle = ConversationHandle(conversation_id, self.deps, send, recv)
+        handle = ConversationHandle(conversation_id, self.deps, self, send, recv)
         self.live[conversation_id] = handle
         await self.nursery.start(partial(supervise, handle))
         return handle
@@ -80,6 +81,33 @@ class Registry:
             del self._loading[conversation_id]
             event.set()
 
+    async def submit(
+        self, conversation_id: str, content: Sequence[Content], context: MessageContext | None
+    ) -> MessageRecord:
+        """Queue a turn on the conversation (cold-loading it) and store its user message; returns
+        the stored record. A handle passivated between lookup and send is looked up again.
+        Raises NotFoundError, MailboxFullError, ConversationFailedError, StorageError,
+        RuntimeClosedError."""
+        for _ in range(_SUBMIT_ATTEMPTS):
+            handle = await self.get(conversation_id)
+            if handle is None:
+                raise NotFoundError(f"conversation {conversation_id!r} not found")
+            try:
+                return await handle.submit(content, context)
+            except HandleClosed:
+                continue
+        raise RuntimeClosedError(f"conversation {conversation_id!r} keeps closing")
+
+    async def interrupt(self, conversation_id: str) -> bool:
+        """Cancel the conversation's running turn; False when none runs (an idle or passivated
+        conversation runs none). Raises NotFoundError."""
+        handle = self.live.get(conversation_id)
+        if handle is not None:
+            return handle.interrupt()
+        if await self.deps.storage.reader.run(get_conversation, conversation_id) is None:
+            raise NotFoundError(f"conversation {conversation_id!r} not found")
+        return False
+
     def passivate(self, handle: ConversationHandle) -> bool:
         """Called by an idle actor. Succeeds only with an empty mailbox; closing the mailbox in
         the same step makes a sender holding the old handle retry through ``get``."""
@@ -108,4 +136,3 @@ class Registry:
         handle.mailbox.close()
         await handle.exited.wait()
         self.forget(handle)
-

@@ -14,8 +14,8 @@ import os
 import trio
 from quart_trio import QuartTrio
 
-from agentik.actors.runtime import open_runtime
 from agentik.config import Config
+from agentik.runtime import open_runtime
 from agentik.web import process
 from agentik.web._state import WebState, log
 

@@ -1,4 +1,4 @@
-"""open_runtime(): the root supervisor.
+"""open_runtime(): the root supervisor, above the actors and the in-process Agent API.
 
 Start order: storage (and its hub) -> start-up recovery -> tools -> registry. Shutdown runs the
 other way round: the registry's nursery is cancelled first and awaited, so every running turn
@@ -8,14 +8,16 @@ stores its terminal record while storage is still up; only then is storage stopp
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
+from agentik.actors.deps import Deps
+from agentik.actors.registry import Registry
+from agentik.agent import LocalAgent
 from agentik.config import Config
 from agentik.errors import ConfigError, LlmError
 from agentik.llm.base import LiteLlm
@@ -23,31 +25,7 @@ from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
 from agentik.tools.base import NoTools, ToolRegistry
 
-if TYPE_CHECKING:
-    from agentik.actors.conversation import ConversationHandle
-    from agentik.agent import LocalAgent
-
 log = logging.getLogger(__name__)
-
-
-def _no_passivate(handle: ConversationHandle) -> bool:
-    return False
-
-
-def _no_forget(handle: ConversationHandle) -> None:
-    return None
-
-
-@dataclass
-class Deps:
-    """What every actor needs; built once by the runtime."""
-
-    config: Config
-    storage: Storage
-    llm: LiteLlm
-    tools: ToolRegistry
-    passivate: Callable[[ConversationHandle], bool] = field(default=_no_passivate)
-    forget: Callable[[ConversationHandle], None] = field(default=_no_forget)
 
 
 def make_llm(config: Config) -> LiteLlm:
@@ -77,9 +55,6 @@ async def open_runtime(
     ``llm`` and ``tools`` override the configured backend and tool registry (an embedding program
     can bring its own). Raises ConfigError or StorageError at start-up.
     """
-    from agentik.actors.registry import Registry
-    from agentik.agent import LocalAgent
-
     config = config or Config.from_env()
     own_llm = llm is None
     the_llm = make_llm(config) if llm is None else llm
@@ -135,7 +110,7 @@ async def open_runtime(
                     try:
                         yield agent
                     finally:
-                        agent._closed = True
+                        agent.mark_closed()
                         actors.cancel_scope.cancel()
             finally:
                 # Whatever ends the runtime (the caller leaving, a start-up error, a cancel),

@@ -1,0 +1,110 @@
+"""``ConversationHandle``: what the registry hands out for a live conversation.
+
+The handle outlives actor incarnations: the supervisor restarts a crashed actor with the same
+handle, so the mailbox and its queued turns survive a crash. ``interrupt`` is not queued behind
+turns: it cancels the running turn's scope directly.
+
+``Keeper`` is the small protocol through which an actor tells whoever keeps its handle (the
+``Registry``) that it is going idle or gone; the handle carries it, so nothing is patched into
+``Deps``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from agentik.actors.deps import Deps
+from agentik.actors.messages import MailboxMessage, Turn
+from agentik.errors import ConversationFailedError, MailboxFullError
+from agentik.storage import ops
+from agentik.wire import Content, MessageContext, MessageRecord, UserMessage
+
+
+class HandleClosed(Exception):
+    """The handle was passivated between lookup and send: look it up again (``Registry.submit``
+    does)."""
+
+
+class Keeper(Protocol):
+    """What an actor asks of the keeper of its handle."""
+
+    def passivate(self, handle: ConversationHandle) -> bool:
+        """An idle actor asks to exit; False when a turn was queued meanwhile (keep serving)."""
+        ...
+
+    def forget(self, handle: ConversationHandle) -> None:
+        """The actor is gone: the next lookup starts a fresh one."""
+        ...
+
+
+@dataclass(eq=False)
+class ConversationHandle:
+    conversation_id: str
+    deps: Deps
+    keeper: Keeper
+    mailbox: trio.MemorySendChannel[MailboxMessage]
+    inbox: trio.MemoryReceiveChannel[MailboxMessage]
+    closed: bool = False
+    failed: bool = False
+    failed_until: float = 0.0
+    current: Turn | None = None
+    turn_scope: trio.CancelScope | None = None
+    interrupt_requested: bool = False
+    actor_scope: trio.CancelScope | None = None
+    exited: trio.Event = field(default_factory=trio.Event)
+    crashes: deque[float] = field(default_factory=deque)
+
+    async def submit(self, content: Sequence[Content], context: MessageContext | None) -> MessageRecord:
+        """Queue a turn and store its user message. Returns the stored record once durable.
+
+        Raises MailboxFullError, ConversationFailedError, NotFoundError (deleted meanwhile),
+        StorageError; HandleClosed if this handle was just passivated.
+        """
+        if self.failed:
+            raise ConversationFailedError(
+                f"conversation {self.conversation_id!r} crashed too often and takes no more turns"
+            )
+        turn = Turn(turn_id=uuid.uuid4().hex, content=tuple(content), context=context)
+        try:
+            self.mailbox.send_nowait(turn)
+        except trio.WouldBlock:
+            raise MailboxFullError(
+                f"conversation {self.conversation_id!r} already has "
+                f"{self.deps.config.mailbox_size} turns queued",
+                retry_after=1.0,
+            ) from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise HandleClosed() from None
+        ok = False
+        try:
+            # Shielded: once queued, the store must finish and settle the turn, or the actor
+            # would wait on it and the turn row would dangle.
+            with trio.CancelScope(shield=True):
+                record: MessageRecord = await self.deps.storage.write(
+                    ops.AppendUserMessage(
+                        conversation_id=self.conversation_id,
+                        message_id=turn.turn_id,
+                        message=UserMessage(content=list(content), context=context),
+                    )
+                )
+            ok = True
+            return record
+        finally:
+            turn.settle(ok)
+
+    def interrupt(self) -> bool:
+        """Cancel the running turn, if any. Returns whether a turn was running."""
+        if self.turn_scope is None:
+            return False
+        self.interrupt_requested = True
+        self.turn_scope.cancel()
+        return True
+
+    def queued(self) -> int:
+        return self.mailbox.statistics().current_buffer_used
