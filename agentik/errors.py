@@ -1,31 +1,56 @@
-"""The one error tree of agentik.
+"""The one error tree of agentik, and the one map of it onto HTTP answers.
 
 Every error agentik raises on purpose is an :class:`AgentikError`. Third-party errors (sqlite3,
-openai, mcp, msgspec) are converted at the boundary of the module that owns the library, so code
-above that boundary only ever sees this tree::
+openai, mcp, msgspec, httpx2) are converted at the boundary of the module that owns the library,
+so code above that boundary only ever sees this tree. The HTTP answer of each class (status,
+``code``) is in :data:`HTTP_ERRORS`, read by the server (``agentik.web.errors``: error -> answer)
+and by the client (``agentik.client.errors``: answer -> error), so code written against the
+in-process agent catches the same classes over HTTP::
 
-    AgentikError
-     ├── ConfigError            a bad configuration value; names the variable
-     ├── InvalidInputError      input that fails validation (HTTP 400); message from msgspec
-     ├── NotFoundError          unknown conversation id (HTTP 404)
-     ├── MailboxFullError       a conversation's mailbox is full (HTTP 429, Retry-After)
-     ├── OutboxGapError         a dead cursor: evicted, another epoch, ahead of head (HTTP 410)
-     ├── StorageError           a write or read on SQLite failed; a failed write was not stored
-     ├── ConflictError          a write based on a stale read (an A2A task changed meanwhile)
-     ├── ConversationFailedError  the conversation crashed too often and stopped taking turns
-     ├── RuntimeClosedError     the runtime is shutting down or closed
-     ├── LlmError               a backend failed a turn
-     │    ├── LlmConnectionError   the endpoint could not be reached
-     │    ├── LlmTimeoutError      no answer in time
-     │    ├── LlmAuthError         the endpoint refused our credentials
-     │    └── LlmResponseError     the endpoint answered with an error or a malformed answer
-     └── ToolError              a tool call failed (error result, exception, timeout, unknown tool)
-
-The HTTP facade maps each class to its status code in one place (``agentik.web``).
+    AgentikError                   500 internal (the code of a class not in HTTP_ERRORS)
+     ├── ConfigError               500 config      a bad configuration value; names the variable
+     │     raised by: Config.from_env, open_runtime (backend choice), the llm backends' set-up
+     ├── InvalidInputError         400 invalid_input  input that fails validation (msgspec's message)
+     │   │ raised by: the Agent API (limits, empty content), wire.decode_input, Cursor.parse,
+     │   │            the web routes (query parameters, frames), the client (bad arguments)
+     │   └── PayloadTooLargeError  413 too_large   a body or WebSocket message over max_body_bytes
+     │         raised by: agentik.web (read_body); the client for a 413
+     ├── UnauthorizedError         401 unauthorized  no bearer token, or one the server does not know
+     │     raised by: agentik.web.auth; the client for a 401 (``agentik.client.AuthError``, the
+     │                same class: retrying with the same token never helps)
+     ├── NotFoundError             404 not_found   unknown conversation id
+     │     raised by: the Agent API, the web routes, the client
+     ├── ConversationFailedError   409 conversation_failed  crashed too often; takes no turns
+     │     raised by: ConversationHandle.submit (send)
+     ├── ConflictError             409 conflict    a write based on a stale read (an A2A task
+     │     raised by: the storage writer (expect_seq)   changed meanwhile); nothing was stored
+     ├── OutboxGapError            410 gap         a dead cursor: evicted, another epoch, ahead of head
+     │     raised by: EventHub (check, stream), so by every durable events iterator; the client
+     │                for a 410 or an SSE ``event: gap`` frame
+     ├── MailboxFullError          429 mailbox_full  the conversation's mailbox is full (Retry-After)
+     │     raised by: ConversationHandle.submit (send)
+     ├── StorageError              503 storage     SQLite failed; a failed write was not stored
+     │     raised by: the storage actor and its reader (agentik.storage)
+     ├── RuntimeClosedError        503 closed      the runtime is starting, shutting down or closed
+     │     raised by: the Agent API after close, the registry, the web app outside its lifespan,
+     │                a closed client
+     ├── LlmError                  502 llm         a backend failed a turn (stored as an Error)
+     │    │ raised by: agentik.llm (openai, litert); caught by the turn
+     │    ├── LlmConnectionError   502 llm_connection  the endpoint could not be reached
+     │    ├── LlmTimeoutError      502 llm_timeout     no answer in time
+     │    ├── LlmAuthError         502 llm_auth        the endpoint refused our credentials
+     │    └── LlmResponseError     502 llm_response    an error answer or a malformed one
+     ├── ToolError                 502 tool        a tool call failed (error, exception, timeout)
+     │     raised by: agentik.tools; caught by the turn (a ToolFailed event)
+     ├── AgentikConnectionError    (client only; also a builtin ConnectionError) no answer at all:
+     │     raised by: agentik.client   refused, reset, timed out, a stream cut in the middle
+     └── ServerError               (client only) an HTTP answer the protocol does not define
+           raised by: agentik.client   (a 500, a proxy's 502 page, a malformed body); ``.status``
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -52,6 +77,18 @@ class InvalidInputError(AgentikError):
     """Input failed validation; the message says what and where."""
 
     code = "invalid_input"
+
+
+class PayloadTooLargeError(InvalidInputError):
+    """A request body (or WebSocket message) over ``config.max_body_bytes``."""
+
+    code = "too_large"
+
+
+class UnauthorizedError(AgentikError):
+    """A missing or unknown bearer token. Retrying with the same token never helps."""
+
+    code = "unauthorized"
 
 
 class NotFoundError(AgentikError):
@@ -132,3 +169,82 @@ class ToolError(AgentikError):
     """A tool call failed; the turn goes on with a ``ToolFailed`` event."""
 
     code = "tool"
+
+
+class AgentikConnectionError(AgentikError, ConnectionError):
+    """The server could not be reached, or the connection broke before the answer was complete
+    (refused, reset, timed out, a stream cut in the middle). Also a builtin ``ConnectionError``.
+    Transient: :class:`~agentik.client.ReconnectingOutbox` retries it."""
+
+    code = "connection"
+
+
+class ServerError(AgentikError):
+    """An HTTP answer the protocol does not define (a 500, a proxy's 502 page, ...)."""
+
+    code = "server"
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# --- the HTTP map --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HttpError:
+    """One row of :data:`HTTP_ERRORS`: ``error`` is answered with ``status`` and ``error.code``."""
+
+    error: type[AgentikError]
+    status: int
+    #: the class a client gives an answer of this status whose code it does not know (a proxy's
+    #: page, an older server); False where such an answer means nothing (410 without cursors,
+    #: a 502 that is not ours)
+    default_for_status: bool = False
+
+
+#: The one map of error classes onto HTTP answers. The server answers an error with the row of the
+#: first class of its MRO found here (none, e.g. ConfigError: 500 with the error's own code); the
+#: client turns an answer back into
+#: the class of its code when the status agrees, else into the status's default, else ServerError.
+HTTP_ERRORS: tuple[HttpError, ...] = (
+    HttpError(InvalidInputError, 400, default_for_status=True),
+    HttpError(UnauthorizedError, 401, default_for_status=True),
+    HttpError(NotFoundError, 404, default_for_status=True),
+    HttpError(ConversationFailedError, 409, default_for_status=True),
+    HttpError(ConflictError, 409),
+    HttpError(OutboxGapError, 410),
+    HttpError(PayloadTooLargeError, 413, default_for_status=True),
+    HttpError(MailboxFullError, 429, default_for_status=True),
+    HttpError(LlmError, 502),
+    HttpError(LlmConnectionError, 502),
+    HttpError(LlmTimeoutError, 502),
+    HttpError(LlmAuthError, 502),
+    HttpError(LlmResponseError, 502),
+    HttpError(ToolError, 502),
+    HttpError(RuntimeClosedError, 503, default_for_status=True),
+    HttpError(StorageError, 503),
+)
+
+_BY_CLASS = {row.error: row for row in HTTP_ERRORS}
+_BY_CODE = {row.error.code: row for row in HTTP_ERRORS}
+_BY_STATUS = {row.status: row for row in reversed(HTTP_ERRORS) if row.default_for_status}
+
+
+def http_status(exc: AgentikError) -> int:
+    """The HTTP status ``exc`` is answered with."""
+    for cls in type(exc).__mro__:
+        row = _BY_CLASS.get(cls)
+        if row is not None:
+            return row.status
+    return 500
+
+
+def error_class(status: int, code: str) -> type[AgentikError] | None:
+    """The class of an HTTP error answer: by ``code`` if its status agrees, else the status's
+    default; None for an answer the map does not define (the client makes it a ServerError)."""
+    row = _BY_CODE.get(code)
+    if row is None or row.status != status:
+        row = _BY_STATUS.get(status)
+    return None if row is None else row.error

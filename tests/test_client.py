@@ -42,6 +42,7 @@ from agentik.errors import (
     OutboxGapError,
     RuntimeClosedError,
     StorageError,
+    UnauthorizedError,
 )
 from agentik.wire import AssistantMessageEvent, Cursor, Renamed
 from tests.scripted_openai import ScriptedOpenAI
@@ -140,6 +141,32 @@ def test_error_mapping() -> None:
     assert isinstance(error_from_response(503, body("storage")), StorageError)
     odd = error_from_response(500, b"<html>oops</html>")
     assert isinstance(odd, ServerError) and odd.status == 500 and "oops" in str(odd)
+    assert isinstance(error_from_response(500, body("config")), ServerError)
+    proxy = error_from_response(502, b"<html>bad gateway</html>")
+    assert isinstance(proxy, ServerError) and proxy.status == 502
+    assert isinstance(error_from_response(503, b"<html>down</html>"), RuntimeClosedError)
+    assert isinstance(error_from_response(410, body("gap")), ServerError)  # no cursors
+
+
+async def test_one_error_map_both_ways() -> None:
+    """Every row of agentik.errors.HTTP_ERRORS, raised on the server, comes back to the client as
+    the same class, from the answer the server really builds (status, body, headers)."""
+    from agentik.errors import HTTP_ERRORS, AgentikError, http_status
+    from agentik.web._state import error_response
+
+    def sample(cls: type[AgentikError]) -> AgentikError:
+        if cls is OutboxGapError:
+            return cls("m", oldest=Cursor(epoch="e", offset=1), current=Cursor(epoch="e", offset=2))
+        return cls("m")
+
+    assert AuthError is UnauthorizedError  # one class, two names
+    for row in HTTP_ERRORS:
+        exc = sample(row.error)
+        assert http_status(exc) == row.status
+        response = error_response(exc)
+        assert response.status_code == row.status
+        back = error_from_response(row.status, await response.get_data(), response.headers)
+        assert type(back) is row.error, (row, back)
 
 
 # --- SSE parser ----------------------------------------------------------------------------------

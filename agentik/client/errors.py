@@ -1,14 +1,11 @@
-"""Errors the client adds to :mod:`agentik.errors`, and the mapping of HTTP answers onto the one
-error tree (so code written against the in-process agent catches the same classes).
+"""HTTP answers -> the one error tree, through the one map :data:`agentik.errors.HTTP_ERRORS`
+(the server reads the same map the other way), so code written against the in-process agent
+catches the same classes.
 
-Status -> error::
-
-    400 InvalidInputError     401 AuthError              404 NotFoundError
-    409 ConversationFailedError                          410 OutboxGapError(oldest, current)
-    413 InvalidInputError     429 MailboxFullError(retry_after)
-    502 LlmError              503 RuntimeClosedError (code ``closed``) / StorageError (``storage``)
-    anything else unexpected: ServerError(status)
-    no answer at all (refused, reset, timeout, cut mid-stream): AgentikConnectionError
+The classes only the client raises are in :mod:`agentik.errors` too: AgentikConnectionError (no
+answer at all: refused, reset, timeout, cut mid-stream) and ServerError (an answer the protocol
+does not define). ``AuthError`` is :class:`~agentik.errors.UnauthorizedError` (401), under the
+name the client has always used.
 """
 
 from __future__ import annotations
@@ -18,42 +15,31 @@ from typing import Any
 import msgspec
 
 from agentik.errors import (
+    AgentikConnectionError,
     AgentikError,
-    ConversationFailedError,
+    ConfigError,
     InvalidInputError,
-    LlmError,
     MailboxFullError,
-    NotFoundError,
     OutboxGapError,
     RuntimeClosedError,
+    ServerError,
     StorageError,
+    UnauthorizedError,
+    error_class,
 )
 from agentik.wire import Cursor
 
+#: the 401 error, by the client's name for it (one class: see agentik.errors)
+AuthError = UnauthorizedError
 
-class AuthError(AgentikError):
-    """The server refused our credentials (HTTP 401): no token, or a token it does not know.
-    Retrying with the same token never helps."""
-
-    code = "unauthorized"
-
-
-class AgentikConnectionError(AgentikError, ConnectionError):
-    """The server could not be reached, or the connection broke before the answer was complete
-    (refused, reset, timed out, a stream cut in the middle). Also a builtin ``ConnectionError``.
-    Transient: :class:`~agentik.client.ReconnectingOutbox` retries it."""
-
-    code = "connection"
-
-
-class ServerError(AgentikError):
-    """An HTTP answer the protocol does not define (a 500, a proxy's 502 page, ...)."""
-
-    code = "server"
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
+__all__ = [
+    "TRANSIENT",
+    "AgentikConnectionError",
+    "AuthError",
+    "ServerError",
+    "error_from_response",
+    "gap_from_frame",
+]
 
 
 class _Detail(msgspec.Struct, kw_only=True):
@@ -76,22 +62,18 @@ def error_from_response(status: int, body: bytes, headers: Any = None) -> Agenti
         text = body[:200].decode("utf-8", "replace").strip()
         detail = _Detail(code="", message=text or f"HTTP {status}")
     message = detail.message or f"HTTP {status}"
-    if status == 400 or status == 413:
-        return InvalidInputError(message)
-    if status == 401:
-        return AuthError(f"the server refused the credentials: {message}")
-    if status == 404:
-        return NotFoundError(message)
-    if status == 409:
-        return ConversationFailedError(message)
-    if status == 410 and detail.oldest and detail.current:
-        try:
-            return OutboxGapError(
-                message, oldest=Cursor.parse(detail.oldest), current=Cursor.parse(detail.current)
-            )
-        except InvalidInputError:
-            pass
-    if status == 429:
+    cls = error_class(status, detail.code)
+    if cls is OutboxGapError:
+        if detail.oldest and detail.current:
+            try:
+                return OutboxGapError(
+                    message, oldest=Cursor.parse(detail.oldest),
+                    current=Cursor.parse(detail.current),
+                )
+            except InvalidInputError:
+                pass
+        cls = None
+    if cls is MailboxFullError:
         retry_after = detail.retry_after
         if retry_after is None and headers is not None:
             try:
@@ -99,13 +81,13 @@ def error_from_response(status: int, body: bytes, headers: Any = None) -> Agenti
             except ValueError:
                 retry_after = 1.0
         return MailboxFullError(message, retry_after=retry_after if retry_after is not None else 1.0)
-    if status == 502 and detail.code.startswith("llm"):
-        return LlmError(message)
-    if status == 503:
-        if detail.code == "storage":
-            return StorageError(message)
-        return RuntimeClosedError(message or "the server is starting or shutting down")
-    return ServerError(f"HTTP {status}: {message}", status)
+    if cls is UnauthorizedError:
+        return UnauthorizedError(f"the server refused the credentials: {message}")
+    if cls is RuntimeClosedError and not detail.message:
+        return RuntimeClosedError("the server is starting or shutting down")
+    if cls is None or issubclass(cls, ConfigError | ServerError):
+        return ServerError(f"HTTP {status}: {message}", status)
+    return cls(message)
 
 
 def gap_from_frame(data: str) -> OutboxGapError:

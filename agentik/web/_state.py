@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import trio
 from quart import Response, current_app
 
-from agentik.errors import AgentikError, RuntimeClosedError
+from agentik.errors import AgentikError, RuntimeClosedError, http_status
 from agentik.web import auth
-from agentik.web.errors import detail_of, headers_of, status_of
+from agentik.web.errors import detail_of, headers_of
 from agentik.web.types import ErrorBody
 from agentik.wire import encode
 
@@ -121,7 +121,7 @@ def json_response(
 
 
 def error_response(exc: AgentikError) -> Response:
-    return json_response(ErrorBody(error=detail_of(exc)), status_of(exc), headers_of(exc))
+    return json_response(ErrorBody(error=detail_of(exc)), http_status(exc), headers_of(exc))
 
 
 def log_request(

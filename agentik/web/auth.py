@@ -9,7 +9,7 @@ import hmac
 import re
 from collections.abc import Sequence
 
-from agentik.web.errors import UnauthorizedError
+from agentik.errors import UnauthorizedError
 
 
 def token_from(

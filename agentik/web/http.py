@@ -16,9 +16,8 @@ from quart import Blueprint, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 import agentik
-from agentik.errors import InvalidInputError, NotFoundError
+from agentik.errors import InvalidInputError, NotFoundError, PayloadTooLargeError
 from agentik.web._state import json_response, state
-from agentik.web.errors import PayloadTooLargeError
 from agentik.web.openapi import openapi_document
 from agentik.web.types import (
     AgentInfo,

@@ -28,10 +28,10 @@ import trio
 from quart import Blueprint, Response, websocket
 
 from agentik.agent import LocalAgent
-from agentik.errors import AgentikError, InvalidInputError, NotFoundError
+from agentik.errors import AgentikError, InvalidInputError, NotFoundError, http_status
 from agentik.web import auth
 from agentik.web._state import WebState, error_response, log, log_request, state
-from agentik.web.errors import detail_of, status_of
+from agentik.web.errors import detail_of
 from agentik.web.types import (
     ClientFrame,
     CreateConversation,
@@ -363,7 +363,7 @@ async def ws() -> Response | None:
             agent = st.require_agent()
         except AgentikError as exc:
             # Not accepted yet: the client gets a plain HTTP error answer.
-            status = status_of(exc)
+            status = http_status(exc)
             return error_response(exc)
         await websocket.accept()
         st.stream_opened()

@@ -1,0 +1,237 @@
+"""The layers of docs/ARCHITECTURE.md, checked against the code's own imports.
+
+Every module of ``agentik`` is parsed with ``ast``; every ``import`` counts, at module level or
+inside a function, except those under ``if TYPE_CHECKING:`` (type checkers only). The root
+package's lazy exports (``agentik._EXPORTS``, PEP 562) count as imports of the root. A module
+belongs to the group of its package (the table below); a new module of a known package fits by
+itself, a module outside every package of the picture fails the test until it is drawn.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import agentik
+
+PACKAGE = Path(agentik.__file__).resolve().parent
+
+#: group -> the modules in it: a name stands for that module and everything under it, except
+#: the bare root ``agentik`` (the public façade), which stands for itself only
+GROUPS: dict[str, tuple[str, ...]] = {
+    "types": ("agentik.wire", "agentik.errors", "agentik.protocol"),
+    "config": ("agentik.config",),
+    "storage": ("agentik.storage",),
+    "llm": ("agentik.llm",),
+    "tools": ("agentik.tools",),
+    "actors": ("agentik.actors",),
+    "facade": ("agentik", "agentik.runtime", "agentik.agent", "agentik.testing"),
+    "front": ("agentik.web", "agentik.a2a"),
+    "client": ("agentik.client",),
+    "cli": ("agentik.cli",),
+}
+
+#: group -> the groups it may import (besides itself): the picture in docs/ARCHITECTURE.md
+MAY_IMPORT: dict[str, set[str]] = {
+    "types": set(),
+    "config": {"types"},
+    "storage": {"types", "config"},
+    "llm": {"types", "config"},
+    "tools": {"types", "config", "llm"},
+    "actors": {"types", "config", "storage", "llm", "tools"},
+    "facade": {"types", "config", "storage", "llm", "tools", "actors"},
+    # the web goes through the Agent API: no storage, no actors
+    "front": {"types", "config", "llm", "tools", "facade"},
+    # a client program loads the client, the wire and protocol types and the error tree only
+    "client": {"types"},
+    "cli": {"types", "config", "storage", "llm", "tools", "actors", "facade", "front", "client"},
+}
+
+#: (importer, imported) edges known to break the picture while issue 10 is being worked on in
+#: parallel (house-core: actors <-> agent). Each must go; none may be added.
+TOLERATED: set[tuple[str, str]] = {("agentik.actors.runtime", "agentik.agent")}
+
+
+def module_names() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = ("agentik", *path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import under ``node``, skipping the bodies of ``if TYPE_CHECKING:``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for other in child.orelse:
+                yield from _imports_of(other)
+            continue
+        yield from _imports_of(child)
+
+
+def _imports_of(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node
+    yield from _imports(node)
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The agentik modules ``module`` imports (``from pkg import sub`` counts as ``pkg.sub``)."""
+    out: set[str] = set()
+    is_package = path.name == "__init__.py"
+    for node in _imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "agentik")
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = module.split(".") if is_package else module.split(".")[:-1]
+            anchor = anchor[: len(anchor) - (node.level - 1)]
+            base = ".".join([*anchor, *([base] if base else [])])
+        if base.split(".")[0] != "agentik":
+            continue
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            out.add(sub if sub in modules else base)
+    if module == "agentik":
+        out.update(agentik._EXPORTS.values())
+    out.discard(module)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_names()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def group_of(module: str) -> str | None:
+    best: tuple[int, str] | None = None
+    for group, names in GROUPS.items():
+        for name in names:
+            if module == name or (name != "agentik" and module.startswith(name + ".")):
+                if best is None or len(name) > best[0]:
+                    best = (len(name), group)
+    return None if best is None else best[1]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+def test_every_module_is_in_the_picture() -> None:
+    assert [m for m in import_graph() if group_of(m) is None] == []
+    assert set(MAY_IMPORT) == set(GROUPS)
+
+
+def test_no_import_cycle() -> None:
+    graph = import_graph()
+    for a, b in TOLERATED:
+        graph[a].discard(b)
+    assert cycles(graph) == []
+
+
+def test_imports_follow_the_layers() -> None:
+    broken = []
+    for module, imported in sorted(import_graph().items()):
+        group = group_of(module)
+        assert group is not None
+        for other in sorted(imported):
+            other_group = group_of(other)
+            if other_group == group or other_group in MAY_IMPORT[group]:
+                continue
+            if (module, other) not in TOLERATED:
+                broken.append(f"{module} ({group}) imports {other} ({other_group})")
+    assert broken == []
+
+
+def test_the_checker_sees_cycles_and_function_level_imports(tmp_path: Path) -> None:
+    """The checker itself: a cycle through an import inside a function is found, one through an
+    ``if TYPE_CHECKING:`` import is not."""
+    a = tmp_path / "a.py"
+    a.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import agentik.x\n"
+        "def f():\n    from agentik.y import thing\n"
+    )
+    modules = {"agentik.x": a, "agentik.y": a}
+    assert imports_of("agentik.x", a, modules) == {"agentik.y"}
+    assert cycles({"p": {"q"}, "q": {"p"}, "r": {"p"}}) == [["p", "q"]]
+
+
+#: what a client program must not load (besides the server's own packages, the server's libraries)
+SERVER_PARTS = (
+    "agentik.storage", "agentik.actors", "agentik.web", "agentik.llm", "agentik.tools",
+    "quart", "hypercorn", "openai", "mcp",
+)
+
+LIGHT_CLIENT = f"""
+import sys
+import agentik.client
+parts = {SERVER_PARTS!r}
+print(" ".join(sorted(m for m in sys.modules if any(m == p or m.startswith(p + ".") for p in parts))))
+"""
+
+
+def test_importing_the_client_loads_no_server_part() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", LIGHT_CLIENT], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.split() == []
+    # The same check sees the server when it is loaded.
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import agentik.web.app\n" + LIGHT_CLIENT],
+        capture_output=True, text=True, check=True, timeout=60,
+    )
+    assert {"agentik.storage", "agentik.web", "quart"} <= set(loaded.stdout.split())
+
+
+def test_the_root_package_is_lazy_with_the_same_names() -> None:
+    assert set(agentik.__all__) == {*agentik._EXPORTS, "__version__"}
+    for name in agentik.__all__:
+        assert getattr(agentik, name) is not None
+    assert agentik.Text.__module__ == "agentik.wire"
