@@ -24,6 +24,7 @@ PACKAGE = Path(agentik.__file__).resolve().parent
 GROUPS: dict[str, tuple[str, ...]] = {
     "types": ("agentik.wire", "agentik.errors", "agentik.protocol"),
     "config": ("agentik.config",),
+    "context": ("agentik.context",),
     "storage": ("agentik.storage",),
     "llm": ("agentik.llm",),
     "tools": ("agentik.tools",),
@@ -38,11 +39,12 @@ GROUPS: dict[str, tuple[str, ...]] = {
 MAY_IMPORT: dict[str, set[str]] = {
     "types": set(),
     "config": {"types"},
+    "context": {"types"},
     "storage": {"types", "config"},
-    "llm": {"types", "config"},
+    "llm": {"types", "config", "context"},
     "tools": {"types", "config", "llm"},
-    "actors": {"types", "config", "storage", "llm", "tools"},
-    "facade": {"types", "config", "storage", "llm", "tools", "actors"},
+    "actors": {"types", "config", "context", "storage", "llm", "tools"},
+    "facade": {"types", "config", "context", "storage", "llm", "tools", "actors"},
     # the web goes through the Agent API: no storage, no actors
     "front": {"types", "config", "llm", "tools", "facade"},
     # a client program loads the client, the wire and protocol types and the error tree only
