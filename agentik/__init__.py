@@ -19,7 +19,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentik.runtime import open_runtime
     from agentik.agent import LocalAgent, LocalConversation
     from agentik.config import Config
     from agentik.errors import (
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
         StorageError,
         ToolError,
     )
+    from agentik.runtime import open_runtime
     from agentik.tools.base import FunctionTools, NoTools, ToolOutcome, ToolRegistry
     from agentik.wire import CommonEvent, Cursor, Image, MessageContext, MessageOrigin, Text
 

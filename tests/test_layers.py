@@ -52,9 +52,6 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"types", "config", "storage", "llm", "tools", "actors", "facade", "front", "client"},
 }
 
-#: (importer, imported) edges known to break the picture while issue 10 is being worked on in
-#: parallel (house-core: actors <-> agent). Each must go; none may be added.
-TOLERATED: set[tuple[str, str]] = {("agentik.actors.runtime", "agentik.agent")}
 
 
 def module_names() -> dict[str, Path]:
@@ -172,10 +169,7 @@ def test_every_module_is_in_the_picture() -> None:
 
 
 def test_no_import_cycle() -> None:
-    graph = import_graph()
-    for a, b in TOLERATED:
-        graph[a].discard(b)
-    assert cycles(graph) == []
+    assert cycles(import_graph()) == []
 
 
 def test_imports_follow_the_layers() -> None:
@@ -187,8 +181,7 @@ def test_imports_follow_the_layers() -> None:
             other_group = group_of(other)
             if other_group == group or other_group in MAY_IMPORT[group]:
                 continue
-            if (module, other) not in TOLERATED:
-                broken.append(f"{module} ({group}) imports {other} ({other_group})")
+            broken.append(f"{module} ({group}) imports {other} ({other_group})")
     assert broken == []
 
 
