@@ -11,7 +11,6 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
 
 import trio
 
@@ -53,60 +52,24 @@ async def open_runtime(
     """Run agentik in-process: ``async with open_runtime(cfg) as agent``.
 
     ``llm`` and ``tools`` override the configured backend and tool registry (an embedding program
-    can bring its own). Raises ConfigError or StorageError at start-up.
+    can bring its own, e.g. :class:`agentik.testing.FunctionLlm`); a given ``llm`` is not closed
+    here. Raises ConfigError or StorageError at start-up.
     """
     config = config or Config.from_env()
-    own_llm = llm is None
-    the_llm = make_llm(config) if llm is None else llm
-    load = getattr(the_llm, "load", None)
-    if own_llm and load is not None:
-        # An embedded engine loads at start-up: a corrupt model file stops the server now
-        # instead of failing the first turn, and the context window is known from the start.
-        try:
-            await load()
-        except LlmError as exc:
-            await the_llm.aclose()
-            raise ConfigError("AGENTIK_LITERT_MODEL_PATH", str(exc)) from exc
+    the_llm = await _open_llm(config) if llm is None else llm
     try:
         async with _unwrap_single(), trio.open_nursery() as root:
             # Storage runs shielded and is stopped explicitly, last: when the caller is
             # cancelled, the actors' shielded cleanup still needs it to store their turns'
             # terminal records.
             storage_scope = trio.CancelScope(shield=True)
-
-            async def storage_task(task_status: trio.TaskStatus[Storage]) -> None:
-                with storage_scope:
-                    await run_storage(
-                        config.db_path,
-                        synchronous=config.sqlite_synchronous,
-                        outbox_cap=config.outbox_cap,
-                        outbox_ttl=config.outbox_ttl,
-                        max_batch=config.max_batch,
-                        subscriber_buffer=config.subscriber_buffer,
-                        task_status=task_status,
-                    )
-
-            storage: Storage = await root.start(storage_task)
+            storage: Storage = await root.start(partial(_run_storage, config, storage_scope))
             try:
-                purged = await storage.write(ops.PurgeTemporary())
-                recovered = await storage.write(ops.RecoverTurns())
-                if purged or recovered:
-                    log.info("start-up: %d temporary conversations removed, %d interrupted turns "
-                             "closed", purged, recovered)
-                the_tools: Any = tools
-                if the_tools is None and config.mcp_config:
-                    # MCP servers connect in the background: start-up never waits on a slow or
-                    # broken server (its state shows on /agentik/tools). A malformed config file
-                    # raises ConfigError here and stops start-up.
-                    from agentik.tools.mcp import run_mcp_registry
-
-                    the_tools = await root.start(partial(run_mcp_registry, config))
-                if the_tools is None:
-                    the_tools = NoTools()
+                await _recover(storage)
+                the_tools = tools if tools is not None else await _start_tools(config, root)
                 deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools)
                 async with trio.open_nursery() as actors:
-                    registry = Registry(deps, actors)
-                    agent = LocalAgent(deps, registry)
+                    agent = LocalAgent(deps, Registry(deps, actors))
                     try:
                         yield agent
                     finally:
@@ -118,9 +81,60 @@ async def open_runtime(
                 storage_scope.cancel()
                 root.cancel_scope.cancel()
     finally:
-        if own_llm:
+        if llm is None:
             with trio.CancelScope(shield=True):
                 await the_llm.aclose()
+
+
+async def _open_llm(config: Config) -> LiteLlm:
+    """The configured backend, loaded. An embedded engine loads at start-up: a corrupt model
+    file stops the server now instead of failing the first turn, and the context window is
+    known from the start. Raises ConfigError."""
+    the_llm = make_llm(config)
+    load = getattr(the_llm, "load", None)
+    if load is not None:
+        try:
+            await load()
+        except LlmError as exc:
+            await the_llm.aclose()
+            raise ConfigError("AGENTIK_LITERT_MODEL_PATH", str(exc)) from exc
+    return the_llm
+
+
+async def _run_storage(
+    config: Config, scope: trio.CancelScope, task_status: trio.TaskStatus[Storage]
+) -> None:
+    with scope:
+        await run_storage(
+            config.db_path,
+            synchronous=config.sqlite_synchronous,
+            outbox_cap=config.outbox_cap,
+            outbox_ttl=config.outbox_ttl,
+            max_batch=config.max_batch,
+            subscriber_buffer=config.subscriber_buffer,
+            task_status=task_status,
+        )
+
+
+async def _recover(storage: Storage) -> None:
+    """Start-up: temporary conversations go, turns a dead process left open get their Error."""
+    purged = await storage.write(ops.PurgeTemporary())
+    recovered = await storage.write(ops.RecoverTurns())
+    if purged or recovered:
+        log.info("start-up: %d temporary conversations removed, %d interrupted turns closed",
+                 purged, recovered)
+
+
+async def _start_tools(config: Config, nursery: trio.Nursery) -> ToolRegistry:
+    """The configured tools. MCP servers connect in the background: start-up never waits on a
+    slow or broken server (its state shows on /agentik/tools). A malformed config file raises
+    ConfigError here and stops start-up."""
+    if not config.mcp_config:
+        return NoTools()
+    from agentik.tools.mcp import run_mcp_registry
+
+    registry: ToolRegistry = await nursery.start(partial(run_mcp_registry, config))
+    return registry
 
 
 @asynccontextmanager

@@ -1,13 +1,21 @@
-"""Pure turn logic: model deltas in, online events and records out. No I/O, no trio; the
-ConversationActor is the shell that moves data between the LLM, the tools, storage and the hub.
+"""Pure turn logic: model deltas in; online events and the storage ops to store out.
+
+No I/O and no trio: the ConversationActor is the shell that moves data between the LLM, the
+tools, storage and the hub, and asks this module what to do and what to store at each step.
+``TurnState`` is the turn's whole state; every function here that returns an op also moves the
+state on (a stored round is marked recorded, a closed call leaves ``pending_calls``, an ending
+marks the turn ``finished``), so the shell never writes turn state itself.
 
 A turn is one or more *rounds* (one model stream each). A round that ends with tool calls is
-followed by the tools' results and another round, up to ``max_tool_rounds``.
+followed by the tools' results and another round, up to ``max_tool_rounds``. A turn ends in one
+of two ways: with its answer (``after_round`` returns ``Answer``), or through :func:`end` with an
+``Ending`` (failed, interrupted, cancelled, crashed) that keeps what the user already saw.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
@@ -21,23 +29,26 @@ from agentik.llm.base import (
     ToolCallDelta,
     UsageDelta,
 )
+from agentik.storage import ops
+from agentik.tools.base import ToolOutcome
 from agentik.wire import (
     AppendReasoning,
     AppendText,
     AssistantItem,
     AssistantMessage,
     Content,
+    Error,
     OnlineEvent,
     StartReasoning,
     StartResponse,
-    SummaryItem,
-    SystemItem,
     Text,
+    ToolCall,
     ToolCallSpec,
     ToolItem,
+    ToolResult,
     TurnTokens,
     UserItem,
-    WorkingItem,
+    encode,
 )
 
 
@@ -52,6 +63,7 @@ class _CallAcc:
 class TurnState:
     """Everything a turn has produced so far."""
 
+    conversation_id: str
     turn_id: str
     rounds: int = 0
     #: text of every round, in order (what the user saw)
@@ -68,12 +80,19 @@ class TurnState:
     started_reasoning: bool = False
     #: prompt tokens of the latest round: how full the context is
     last_prompt_tokens: int = 0
-    #: a terminal record (answer, error or interruption) was written: never write another
+    #: a terminal record (answer, error or interruption) was made: never make another
     finished: bool = False
     #: this round's text is already in working memory (with its tool calls)
     round_recorded: bool = False
     #: tool calls of this round stored without a result yet
     pending_calls: list[ToolCallSpec] = field(default_factory=list)
+
+
+def start(state: TurnState, content: Sequence[Content]) -> ops.StartTurn:
+    """The op that opens the turn: its user message enters working memory now (not when it was
+    queued), so it can never land between another turn's question and answer."""
+    return ops.StartTurn(conversation_id=state.conversation_id, turn_id=state.turn_id,
+                         item=UserItem(content=list(content)))
 
 
 def new_round(state: TurnState) -> None:
@@ -151,10 +170,138 @@ def round_tool_calls(state: TurnState) -> list[ToolCallSpec]:
     return out
 
 
-def round_item(state: TurnState, calls: list[ToolCallSpec]) -> AssistantItem:
-    """The working-memory item for a round that ended in tool calls."""
-    text = "".join(state.round_text)
-    return AssistantItem(content=[Text(body=text)] if text else [], tool_calls=calls)
+# --- after a round: run tools, answer, or fail -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunTools:
+    """Store ``op`` (the round's calls and its working-memory item), then run ``calls`` in
+    order; each result goes to the model and through :func:`tool_done` to storage."""
+
+    op: ops.AppendToolCalls
+    calls: list[ToolCallSpec]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Store ``op`` (the answer: the turn's terminal record), shielded; the turn is finished."""
+
+    op: ops.FinishTurn
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The turn fails: end it through :func:`end` (also used for LLM errors and crashes)."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The user interrupted the turn: keep what was seen, no Error."""
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """The runtime is shutting down or the conversation is being deleted."""
+
+
+#: how a turn ends without its answer
+Ending = Failed | Interrupted | Cancelled
+
+
+def after_round(state: TurnState, max_tool_rounds: int) -> RunTools | Answer | Failed:
+    """What follows a finished model stream."""
+    calls = round_tool_calls(state)
+    if not calls:
+        state.finished = True
+        answer = final_message(state)
+        assert answer is not None  # only an interrupted turn may have no message
+        return Answer(ops.FinishTurn(
+            conversation_id=state.conversation_id, turn_id=state.turn_id,
+            assistant=(uuid.uuid4().hex, answer), item=_final_item(state),
+        ))
+    if state.rounds > max_tool_rounds:
+        return Failed("tool_rounds",
+                      f"the model asked for tools more than {max_tool_rounds} times in one turn")
+    op = ops.AppendToolCalls(
+        conversation_id=state.conversation_id,
+        calls=tuple(
+            (uuid.uuid4().hex, ToolCall(call_id=c.call_id, name=c.name, arguments=c.arguments,
+                                        turn_id=state.turn_id))
+            for c in calls
+        ),
+        item=_round_item(state, calls),
+    )
+    state.round_recorded = True
+    state.pending_calls = list(calls)
+    return RunTools(op, calls)
+
+
+def tool_result(state: TurnState, call: ToolCallSpec, outcome: ToolOutcome, cap: int) -> ToolResult:
+    """A tool's outcome as the journal's ToolResult. Untrusted and possibly huge: the text (which
+    the model sees) is cut to ``cap`` characters; structured content is kept only when it fits."""
+    structured = outcome.structured
+    if structured is not None and len(encode(structured)) > cap:
+        structured = None
+    return ToolResult(call_id=call.call_id, name=call.name, content=cap_text(outcome.content, cap),
+                      is_error=outcome.is_error, structured=structured, turn_id=state.turn_id)
+
+
+def tool_failure(state: TurnState, call: ToolCallSpec, message: str) -> ToolResult:
+    """An error result (ToolFailed): the turn goes on and the model hears what went wrong."""
+    return ToolResult(call_id=call.call_id, name=call.name, content=message, is_error=True,
+                      turn_id=state.turn_id)
+
+
+def tool_done(state: TurnState, result: ToolResult) -> ops.AppendToolResult:
+    """The op storing one call's result; the call is no longer pending."""
+    state.pending_calls = [c for c in state.pending_calls if c.call_id != result.call_id]
+    return ops.AppendToolResult(
+        conversation_id=state.conversation_id, message_id=uuid.uuid4().hex, result=result,
+        item=ToolItem(call_id=result.call_id, name=result.name, content=result.content),
+    )
+
+
+#: the Error of a turn cancelled by a shutdown or a deletion
+CANCELLED = "turn cancelled: the server is shutting down or the conversation was closed"
+#: the ToolFailed of a call still running when its turn ended
+CALL_CUT = "the turn ended before this tool call finished"
+
+
+def end(state: TurnState, ending: Ending) -> list[ops.AppendToolResult | ops.FinishTurn]:
+    """The ops that end a turn without its answer, in order: a ToolFailed for every stored call
+    without a result (no client shows a call that never ends, and the model's history has an
+    answer for each call), then the terminal record keeping what the user saw. Marks the turn
+    finished."""
+    out: list[ops.AppendToolResult | ops.FinishTurn] = [
+        tool_done(state, tool_failure(state, call, CALL_CUT)) for call in list(state.pending_calls)
+    ]
+    partial = final_message(state, interrupted=True)
+    item = _final_item(state) if partial is not None else None
+    error: Error | None
+    match ending:
+        case Failed(code=code, message=message):
+            error = Error(message=message, code=code, turn_id=state.turn_id)
+        case Interrupted():
+            error = None
+        case Cancelled():
+            error = Error(message=CANCELLED, code="cancelled", turn_id=state.turn_id)
+        case _:
+            assert_never(ending)
+    state.finished = True
+    out.append(ops.FinishTurn(
+        conversation_id=state.conversation_id, turn_id=state.turn_id,
+        assistant=(uuid.uuid4().hex, partial) if partial is not None else None,
+        item=item if item is not None and item.content else None,
+        interrupted=isinstance(ending, Interrupted),
+        error=(uuid.uuid4().hex, error) if error is not None else None,
+    ))
+    return out
+
+
+# --- what the journal and working memory get --------------------------------------------------------
 
 
 def seen_text(state: TurnState) -> str:
@@ -182,11 +329,20 @@ def final_message(state: TurnState, *, interrupted: bool = False) -> AssistantMe
     )
 
 
-def final_item(state: TurnState) -> AssistantItem:
+def _round_item(state: TurnState, calls: list[ToolCallSpec]) -> AssistantItem:
+    """The working-memory item for a round that ended in tool calls."""
+    text = "".join(state.round_text)
+    return AssistantItem(content=[Text(body=text)] if text else [], tool_calls=calls)
+
+
+def _final_item(state: TurnState) -> AssistantItem:
     """The working-memory item closing the turn: the last round's text (earlier rounds' text is
     already in working memory with their tool calls)."""
     text = "" if state.round_recorded else "".join(state.round_text)
     return AssistantItem(content=[Text(body=text)] if text else [])
+
+
+# --- tool arguments and results ---------------------------------------------------------------------
 
 
 class BadArguments(ValueError):
@@ -209,72 +365,3 @@ def cap_text(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[... truncated {len(text) - limit} characters]"
-
-
-# --- compaction ----------------------------------------------------------------------------------
-
-#: compaction starts when a round's prompt used this share of the context window
-COMPACT_AT = 0.8
-#: the most recent user turns kept verbatim
-KEEP_TURNS = 2
-
-
-@dataclass(frozen=True)
-class CompactionPlan:
-    before_order_idx: int  # items with system < order_idx < this are replaced
-    dropped: list[WorkingItem]
-
-
-def plan_compaction(
-    items: list[tuple[int, WorkingItem]], prompt_tokens: int, context_window: int | None
-) -> CompactionPlan | None:
-    """Decide whether working memory must be compacted: when the last prompt used more than
-    COMPACT_AT of the window, everything between the system prompt and the last KEEP_TURNS user
-    turns is summarised. None when there is nothing to do (no window known, below the mark, or
-    too few turns to drop any)."""
-    if not context_window or prompt_tokens < COMPACT_AT * context_window:
-        return None
-    user_positions = [i for i, (_, item) in enumerate(items) if isinstance(item, UserItem)]
-    if len(user_positions) <= KEEP_TURNS:
-        return None
-    keep_from = user_positions[-KEEP_TURNS]
-    first = 1 if items and isinstance(items[0][1], SystemItem) else 0
-    dropped = [item for _, item in items[first:keep_from]]
-    if not dropped:
-        return None
-    return CompactionPlan(before_order_idx=items[keep_from][0], dropped=dropped)
-
-
-def transcript(items: list[WorkingItem]) -> str:
-    """Plain-text rendering of working-memory items for the summariser."""
-    lines = []
-    for item in items:
-        match item:
-            case UserItem(content=content):
-                lines.append("User: " + _text_of(content))
-            case AssistantItem(content=content, tool_calls=calls):
-                text = _text_of(content)
-                if text:
-                    lines.append("Assistant: " + text)
-                for call in calls:
-                    lines.append(f"Assistant called {call.name}({call.arguments})")
-            case ToolItem(name=name, content=content):
-                lines.append(f"Tool {name} returned: {content}")
-            case SummaryItem(text=text):
-                lines.append("Earlier summary: " + text)
-            case SystemItem(text=text):
-                lines.append("System: " + text)
-            case _:
-                assert_never(item)
-    return "\n".join(lines)
-
-
-def _text_of(content: list[Content]) -> str:
-    return " ".join(c.body if isinstance(c, Text) else f"[image {c.mime}]" for c in content)
-
-
-SUMMARY_PROMPT = (
-    "You compress conversations. Summarise the conversation below in a few sentences, keeping "
-    "names, facts, decisions and open questions the assistant will need later. Answer with the "
-    "summary only."
-)
