@@ -125,7 +125,7 @@ async def test_chat_streams_interrupts_and_quits(
             screen = await term.expect("you> ")
             # The live text and the durable tool result travel on different connections, so
             # the result line may land inside the streamed answer (which then resumes).
-            turn = screen[turn_start:]
+            turn = screen[turn_start:].lstrip("\n")
             assert "[tool result: add: 5]" in turn
             joined = turn.replace("\n[tool result: add: 5]\nagent: ", "").replace(
                 "[tool result: add: 5]\n", ""
