@@ -9,6 +9,8 @@ Contract every backend keeps:
   :class:`agentik.errors.LlmError` subclasses (third-party errors are converted inside the
   backend) or ``trio.Cancelled``. It always releases its connection/stream, also when the consumer
   stops early or is cancelled.
+- A round is interrupted by cancelling its consumer (a trio cancel scope); there is no separate
+  interrupt call.
 - After a failure or a cancellation the conversation is not reused: the actor calls ``close()`` and
   opens a new one from working memory.
 - ``close()`` is idempotent and never raises.
@@ -16,12 +18,14 @@ Contract every backend keeps:
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
 
-from agentik.wire import Content, WorkingItem
+from agentik.wire import Content, ToolCallSpec, WorkingItem
 
 
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,6 +66,62 @@ class FinishDelta(msgspec.Struct, frozen=True):
 LlmDelta = TextDelta | ReasoningDelta | ToolCallDelta | UsageDelta | FinishDelta
 
 
+@dataclass
+class _Call:
+    id: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class ToolCallAssembler:
+    """The one place where :class:`ToolCallDelta` fragments become tool calls: a backend uses it
+    for the answer it keeps in its own history, the turn loop for what it stores.
+
+    ``index`` identifies the call within the round; ``id`` and ``name`` are assigned, never
+    appended, when present (some servers, llama.cpp for one, repeat them in every fragment);
+    ``arguments`` are appended.
+    """
+
+    def __init__(self) -> None:
+        self._calls: dict[int, _Call] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def add(self, delta: ToolCallDelta) -> None:
+        call = self._calls.setdefault(delta.index, _Call())
+        if delta.id:
+            call.id = delta.id
+        if delta.name:
+            call.name = delta.name
+        if delta.arguments:
+            call.arguments.append(delta.arguments)
+
+    def name_missing_ids(self) -> list[ToolCallDelta]:
+        """Give each call still without an id the id ``call_<index>``; returns the deltas that
+        announce them (a backend yields them, so its consumer learns the same ids)."""
+        named = []
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            if not call.id:
+                call.id = f"call_{index}"
+                named.append(ToolCallDelta(index=index, id=call.id))
+        return named
+
+    def calls(self) -> list[ToolCallSpec]:
+        """The calls in index order. One without an id gets a random one; one without a name
+        keeps an empty name (it fails as an unknown tool, which the model is told); empty
+        arguments are ``{}``."""
+        return [
+            ToolCallSpec(
+                call_id=call.id or f"call_{uuid.uuid4().hex[:12]}",
+                name=call.name,
+                arguments="".join(call.arguments) or "{}",
+            )
+            for _, call in sorted(self._calls.items())
+        ]
+
+
 class LiteConversation(Protocol):
     def send_stream(self, content: Sequence[Content] | None) -> AsyncGenerator[LlmDelta, None]:
         """Stream one model round. ``content`` is the user's new message, or None to continue
@@ -69,8 +129,6 @@ class LiteConversation(Protocol):
         ...
 
     def add_tool_result(self, call_id: str, name: str, result: str) -> None: ...
-
-    async def interrupt(self) -> None: ...
 
     async def close(self) -> None: ...
 

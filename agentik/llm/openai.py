@@ -1,14 +1,16 @@
 """The OpenAI-compatible backend (SPEC §7): chat completions over the official ``openai`` SDK.
 
-This is the only module that imports ``openai``: every SDK error is converted here into the
-:class:`agentik.errors.LlmError` tree.
+This is the only module that imports ``openai``: every SDK and transport error is converted into
+the :class:`agentik.errors.LlmError` tree by one table (:func:`error_table`) at one boundary, the
+streamed request.
 
 - :class:`OpenAiLlm` owns one ``openai.AsyncOpenAI`` client (one connection pool) for the process;
   ``aclose()`` closes it. Under trio the SDK's ``__del__`` cleanup does nothing useful, so the
   client must be closed explicitly.
-- :class:`OpenAiConversation` keeps its own list of chat messages. Each ``send_stream`` is one
-  streamed ``chat.completions.create`` call; after a complete round the assistant's message (text
-  and tool calls) is appended to that list, and ``add_tool_result`` appends tool answers.
+- :class:`OpenAiConversation` keeps its own list of chat messages (the shape is
+  :mod:`agentik.llm.openai_format`). Each ``send_stream`` is one streamed
+  ``chat.completions.create`` call; after a complete round the assistant's message (text and tool
+  calls) is appended to that list, and ``add_tool_result`` appends tool answers.
 
 The request's ``timeout`` is an ``httpx2.Timeout``: its read timeout bounds the wait for each
 chunk, so a server that stops sending mid-stream fails the turn with ``LlmTimeoutError``.
@@ -39,36 +41,37 @@ from agentik.llm.base import (
     LlmDelta,
     ReasoningDelta,
     TextDelta,
+    ToolCallAssembler,
     ToolCallDelta,
     ToolSpec,
     UsageDelta,
 )
-from agentik.wire import (
-    AssistantItem,
-    Content,
-    Image,
-    SummaryItem,
-    SystemItem,
-    Text,
-    ToolItem,
-    UserItem,
-    WorkingItem,
+from agentik.llm.boundary import ErrorTable, map_exceptions
+from agentik.llm.openai_format import (
+    FORMAT,
+    Message,
+    history_to_messages,
+    sanitize_messages,
+    tools_to_openai,
+    user_message,
 )
+from agentik.wire import Content, WorkingItem
 
 if TYPE_CHECKING:
     from agentik.config import Config
 
-__all__ = ["OpenAiConversation", "OpenAiLlm", "history_to_messages", "sanitize_messages"]
+__all__ = [
+    "OpenAiConversation",
+    "OpenAiLlm",
+    "error_table",
+    "history_to_messages",
+    "sanitize_messages",
+]
 
 log = logging.getLogger(__name__)
 
-#: chat message in OpenAI's JSON shape
-Message = dict[str, Any]
-
 #: the longest we wait to establish a connection, whatever the read timeout is
 _CONNECT_TIMEOUT = 30.0
-
-_REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 class _Fn(msgspec.Struct):
@@ -137,6 +140,8 @@ class OpenAiLlm:
             timeout=httpx2.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT)),
             max_retries=max_retries,
         )
+        #: how this backend's third-party errors become LlmErrors
+        self.errors = error_table(self.endpoint)
 
     @classmethod
     def from_config(cls, cfg: Config) -> OpenAiLlm:
@@ -192,12 +197,7 @@ class OpenAiConversation:
         return self._closed
 
     def add_tool_result(self, call_id: str, name: str, result: str) -> None:
-        # OpenAI's tool message has no name; the call id ties it to its call.
-        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
-
-    async def interrupt(self) -> None:
-        """Nothing to do: the actor cancels a running ``send_stream`` with a trio scope, which
-        closes the HTTP response at once."""
+        self.messages.append(FORMAT.tool(call_id, name, result))
 
     async def close(self) -> None:
         self._closed = True
@@ -218,6 +218,26 @@ class OpenAiConversation:
             self.messages.append(
                 user_message(content, supports_images=self._llm.supports_images)
             )
+        reader = _RoundReader()
+        streaming = self._llm.client.chat.completions.with_streaming_response
+        with map_exceptions(self._llm.errors):
+            async with streaming.create(**self._request()) as response:
+                async for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    for delta in reader.deltas(_CHUNK.decode(data)):
+                        yield delta
+        if not reader.finished:
+            log.warning("the LLM stream from %s ended without a finish_reason", self._llm.endpoint)
+            for delta in reader.finish(None):
+                yield delta
+        self.messages.append(reader.message())
+
+    def _request(self) -> dict[str, Any]:
+        """The keyword arguments of this round's ``chat.completions.create``."""
         kwargs: dict[str, Any] = {
             "model": self._llm.model,
             # The SDK would walk every message through its TypedDict transform (about 0.17 ms
@@ -230,153 +250,123 @@ class OpenAiConversation:
         }
         if self.tools:
             kwargs["tools"] = self.tools
-
-        text: list[str] = []
-        calls: dict[int, dict[str, str]] = {}
-        finished = False
-        try:
-            streaming = self._llm.client.chat.completions.with_streaming_response
-            async with streaming.create(**kwargs) as response:
-                async for line in response.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = _CHUNK.decode(data)
-                    if chunk.error is not None:
-                        raise LlmResponseError(f"error in the LLM stream: {chunk.error!r}")
-                    usage = getattr(chunk, "usage", None)
-                    for choice in chunk.choices or ():
-                        if choice.index not in (0, None):
-                            continue
-                        delta = choice.delta
-                        if delta is not None:
-                            for out in _delta_events(delta, text, calls):
-                                yield out
-                        if choice.finish_reason is not None:
-                            for out in _missing_ids(calls):
-                                yield out
-                            finished = True
-                            yield FinishDelta(str(choice.finish_reason))
-                    if usage is not None:
-                        yield UsageDelta(
-                            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-                            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-                        )
-        except LlmError:
-            raise
-        except openai.OpenAIError as exc:
-            raise convert_error(exc, self._llm.endpoint) from exc
-        except httpx2.TimeoutException as exc:  # mid-stream: the raw response is not wrapped
-            raise LlmTimeoutError(
-                f"the LLM endpoint {self._llm.endpoint} did not answer in time"
-            ) from exc
-        except httpx2.TransportError as exc:
-            raise LlmConnectionError(
-                f"the LLM endpoint {self._llm.endpoint} broke the stream: {exc}"
-            ) from exc
-        except (ValueError, TypeError, AttributeError, KeyError, msgspec.MsgspecError) as exc:
-            raise LlmResponseError(
-                f"malformed answer from the LLM endpoint {self._llm.endpoint}: {exc}"
-            ) from exc
-
-        if not finished:
-            log.warning("the LLM stream from %s ended without a finish_reason", self._llm.endpoint)
-            for out in _missing_ids(calls):
-                yield out
-            yield FinishDelta(None)
-        assistant: Message = {"role": "assistant", "content": "".join(text)}
-        if calls:
-            assistant["tool_calls"] = [
-                {
-                    "id": call["id"],
-                    "type": "function",
-                    "function": {"name": call["name"], "arguments": call["arguments"]},
-                }
-                for _, call in sorted(calls.items())
-            ]
-        self.messages.append(assistant)
+        return kwargs
 
 
 # --- stream parsing ------------------------------------------------------------------------------
 
 
-def _delta_events(
-    delta: Any, text: list[str], calls: dict[int, dict[str, str]]
-) -> Iterable[LlmDelta]:
-    """The LlmDeltas of one choice delta; accumulates text and tool calls for the history."""
-    reasoning = _reasoning_of(delta)
-    if reasoning:
-        yield ReasoningDelta(reasoning)
-    piece = getattr(delta, "content", None)
-    if isinstance(piece, str) and piece:
-        text.append(piece)
-        yield TextDelta(piece)
-    refusal = getattr(delta, "refusal", None)
-    if isinstance(refusal, str) and refusal:
-        text.append(refusal)
-        yield TextDelta(refusal)
-    for fragment in getattr(delta, "tool_calls", None) or ():
-        index = fragment.index
-        if not isinstance(index, int):
-            raise LlmResponseError(f"tool call delta without an integer index: {fragment!r}")
-        call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
-        call_id = fragment.id or None
-        function = fragment.function
-        name = (function.name if function is not None else None) or None
-        arguments = (function.arguments if function is not None else None) or ""
-        # some servers (llama.cpp) repeat id and name in every delta: assign, never append
-        if call_id is not None:
-            call["id"] = call_id
-        if name is not None:
-            call["name"] = name
-        call["arguments"] += arguments
-        yield ToolCallDelta(index=index, id=call_id, name=name, arguments=arguments)
+class _RoundReader:
+    """One round's decoded chunks as LlmDeltas; accumulates the answer for the history."""
 
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls = ToolCallAssembler()
+        self.finished = False
 
-def _missing_ids(calls: dict[int, dict[str, str]]) -> Iterable[LlmDelta]:
-    """Give an id to calls the server sent without one, so their results can be matched."""
-    for index, call in sorted(calls.items()):
-        if not call["id"]:
-            call["id"] = f"call_{index}"
-            yield ToolCallDelta(index=index, id=call["id"])
+    def deltas(self, chunk: _Chunk) -> Iterable[LlmDelta]:
+        if chunk.error is not None:
+            raise LlmResponseError(f"error in the LLM stream: {chunk.error!r}")
+        for choice in chunk.choices or ():
+            if choice.index not in (0, None):
+                continue
+            if choice.delta is not None:
+                yield from self._delta(choice.delta)
+            if choice.finish_reason is not None:
+                yield from self.finish(str(choice.finish_reason))
+        usage = chunk.usage
+        if usage is not None:
+            yield UsageDelta(
+                prompt_tokens=int(usage.prompt_tokens or 0),
+                completion_tokens=int(usage.completion_tokens or 0),
+            )
 
+    def finish(self, reason: str | None) -> Iterable[LlmDelta]:
+        """The round's end: ids for calls the server sent without one (so their results can be
+        matched), then the FinishDelta."""
+        yield from self.calls.name_missing_ids()
+        if reason is not None:
+            self.finished = True
+        yield FinishDelta(reason)
 
-def _reasoning_of(delta: Any) -> str | None:
-    for name in _REASONING_FIELDS:
-        value = getattr(delta, name, None)
-        if value is None:
-            extra = getattr(delta, "model_extra", None)
-            if isinstance(extra, dict):
-                value = extra.get(name)
-        if isinstance(value, str) and value:
-            return value
-    return None
+    def _delta(self, delta: _Delta) -> Iterable[LlmDelta]:
+        reasoning = delta.reasoning_content or delta.reasoning
+        if reasoning:
+            yield ReasoningDelta(reasoning)
+        for piece in (delta.content, delta.refusal):
+            if piece:
+                self.text.append(piece)
+                yield TextDelta(piece)
+        for fragment in delta.tool_calls or ():
+            if not isinstance(fragment.index, int):
+                raise LlmResponseError(f"tool call delta without an integer index: {fragment!r}")
+            function = fragment.function
+            call = ToolCallDelta(
+                index=fragment.index,
+                id=fragment.id or None,
+                name=(function.name if function is not None else None) or None,
+                arguments=(function.arguments if function is not None else None) or "",
+            )
+            self.calls.add(call)
+            yield call
+
+    def message(self) -> Message:
+        """The assistant's message for the history."""
+        return FORMAT.assistant("".join(self.text), self.calls.calls())
 
 
 # --- error conversion ----------------------------------------------------------------------------
 
 
-def convert_error(exc: openai.OpenAIError, endpoint: str) -> LlmError:
-    """Map an openai SDK error to the agentik LlmError tree with a helpful message."""
-    if isinstance(exc, openai.APITimeoutError):  # before APIConnectionError: it subclasses it
+def error_table(endpoint: str) -> ErrorTable:
+    """How the SDK's and the transport's errors become LlmErrors, with messages naming
+    ``endpoint`` (see :func:`agentik.llm.boundary.map_exceptions`)."""
+
+    def timeout(exc: Exception) -> LlmError:
         return LlmTimeoutError(f"the LLM endpoint {endpoint} did not answer in time")
-    if isinstance(exc, openai.APIConnectionError):
+
+    def unreachable(exc: Exception) -> LlmError:
         cause = exc.__cause__
         detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
         return LlmConnectionError(f"cannot reach the LLM endpoint {endpoint}{detail}")
-    if isinstance(exc, openai.APIStatusError):
-        message = _server_message(exc)
-        text = f"the LLM endpoint {endpoint} answered HTTP {exc.status_code}: {message}"
+
+    def status(exc: Exception) -> LlmError:
+        assert isinstance(exc, openai.APIStatusError)
+        text = f"the LLM endpoint {endpoint} answered HTTP {exc.status_code}: {_server_message(exc)}"
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
             return LlmAuthError(text)
         return LlmResponseError(text)
-    if isinstance(exc, openai.APIError):
+
+    def api_error(exc: Exception) -> LlmError:
+        assert isinstance(exc, openai.APIError)
         return LlmResponseError(
             f"the LLM endpoint {endpoint} answered with an error: {_server_message(exc)}"
         )
-    return LlmResponseError(f"the LLM request to {endpoint} failed: {exc}")
+
+    def failed(exc: Exception) -> LlmError:
+        return LlmResponseError(f"the LLM request to {endpoint} failed: {exc}")
+
+    def broken(exc: Exception) -> LlmError:
+        return LlmConnectionError(f"the LLM endpoint {endpoint} broke the stream: {exc}")
+
+    def malformed(exc: Exception) -> LlmError:
+        return LlmResponseError(f"malformed answer from the LLM endpoint {endpoint}: {exc}")
+
+    return {
+        openai.APITimeoutError: timeout,  # a subclass of APIConnectionError
+        openai.APIConnectionError: unreachable,
+        openai.APIStatusError: status,
+        openai.APIError: api_error,
+        openai.OpenAIError: failed,
+        # mid-stream the raw response's errors are not wrapped by the SDK
+        httpx2.TimeoutException: timeout,
+        httpx2.TransportError: broken,
+        ValueError: malformed,
+        TypeError: malformed,
+        AttributeError: malformed,
+        KeyError: malformed,
+        msgspec.MsgspecError: malformed,
+    }
 
 
 def _server_message(exc: openai.APIError) -> str:
@@ -389,134 +379,6 @@ def _server_message(exc: openai.APIError) -> str:
     if isinstance(body, str) and body:
         return body[:500]
     return exc.message
-
-
-# --- history conversion --------------------------------------------------------------------------
-
-
-def tools_to_openai(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": tool.parameters or {"type": "object", "properties": {}},
-            },
-        }
-        for tool in tools
-    ]
-
-
-def user_message(content: Sequence[Content], *, supports_images: bool) -> Message:
-    """A user chat message: one text part as a string, else a list of content parts."""
-    parts: list[dict[str, Any]] = []
-    dropped = 0
-    for item in content:
-        if isinstance(item, Text):
-            parts.append({"type": "text", "text": item.body})
-        elif isinstance(item, Image):
-            if supports_images:
-                url = f"data:{item.mime};base64,{item.data}"
-                parts.append({"type": "image_url", "image_url": {"url": url}})
-            else:
-                dropped += 1
-    if dropped:
-        log.warning("dropped %d image(s): the model does not accept images", dropped)
-    if all(part["type"] == "text" for part in parts) and len(parts) <= 1:
-        return {"role": "user", "content": parts[0]["text"] if parts else ""}
-    return {"role": "user", "content": parts}
-
-
-def _assistant_text(content: Sequence[Content]) -> str:
-    texts = [item.body for item in content if isinstance(item, Text)]
-    if len(texts) != len(content):
-        log.warning("dropped image(s) from an assistant message: chat completions take none")
-    return "".join(texts)
-
-
-def history_to_messages(
-    history: Sequence[WorkingItem], *, supports_images: bool = True
-) -> list[Message]:
-    """Convert working memory to chat messages (sanitised, see :func:`sanitize_messages`)."""
-    messages: list[Message] = []
-    for item in history:
-        if isinstance(item, SystemItem):
-            messages.append({"role": "system", "content": item.text})
-        elif isinstance(item, SummaryItem):
-            messages.append(
-                {"role": "system", "content": f"Summary of earlier conversation: {item.text}"}
-            )
-        elif isinstance(item, UserItem):
-            messages.append(user_message(item.content, supports_images=supports_images))
-        elif isinstance(item, AssistantItem):
-            message: Message = {"role": "assistant", "content": _assistant_text(item.content)}
-            if item.tool_calls:
-                message["tool_calls"] = [
-                    {
-                        "id": call.call_id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments},
-                    }
-                    for call in item.tool_calls
-                ]
-            messages.append(message)
-        elif isinstance(item, ToolItem):
-            messages.append(
-                {"role": "tool", "tool_call_id": item.call_id, "content": item.content}
-            )
-    return sanitize_messages(messages)
-
-
-def sanitize_messages(messages: Sequence[Message]) -> list[Message]:
-    """Make a message list OpenAI accepts about tool calls (returns new list; input untouched).
-
-    OpenAI requires every assistant ``tool_calls`` entry to be answered by a tool message in the
-    run of tool messages right after it, and every tool message to answer such a call. So: a
-    tool call without an answer is dropped; a tool message answering no call of the preceding
-    assistant message (or a duplicate answer) is dropped; an assistant message left with neither
-    text nor tool calls is dropped.
-    """
-    out: list[Message] = []
-    i = 0
-    n = len(messages)
-    while i < n:
-        message = messages[i]
-        i += 1
-        role = message.get("role")
-        if role == "tool":
-            log.debug("dropped a tool message for unknown call %r", message.get("tool_call_id"))
-            continue
-        if role != "assistant" or not message.get("tool_calls"):
-            out.append(message)
-            continue
-        answers: list[Message] = []
-        while i < n and messages[i].get("role") == "tool":
-            answers.append(messages[i])
-            i += 1
-        answered = {answer.get("tool_call_id") for answer in answers}
-        calls = [call for call in message["tool_calls"] if call.get("id") in answered]
-        if len(calls) != len(message["tool_calls"]):
-            log.debug(
-                "dropped %d unanswered tool call(s)", len(message["tool_calls"]) - len(calls)
-            )
-        kept = dict(message)
-        if calls:
-            kept["tool_calls"] = calls
-        else:
-            kept.pop("tool_calls", None)
-        if kept.get("content") is None:
-            kept["content"] = ""
-        if calls or kept["content"]:
-            out.append(kept)
-        call_ids = {call.get("id") for call in calls}
-        seen: set[Any] = set()
-        for answer in answers:
-            call_id = answer.get("tool_call_id")
-            if call_id in call_ids and call_id not in seen:
-                seen.add(call_id)
-                out.append(answer)
-    return out
 
 
 if TYPE_CHECKING:  # static proof that the classes implement the backend protocol

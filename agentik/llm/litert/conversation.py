@@ -12,12 +12,12 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import outcome
 import trio
 
 from agentik.errors import LlmConnectionError, LlmError, LlmResponseError
 from agentik.llm.base import FinishDelta, LlmDelta, ToolSpec, UsageDelta
-from agentik.llm.litert.format import ChunkParser, Message, user_message
+from agentik.llm.boundary import ErrorTable, map_exceptions
+from agentik.llm.litert.format import ChunkParser, Message, tool_response, user_message
 from agentik.llm.litert.round import STOP_TIMEOUT, Round, RoundFailed
 from agentik.wire import Content
 
@@ -27,6 +27,14 @@ if TYPE_CHECKING:
 __all__ = ["LiteRtConversation"]
 
 log = logging.getLogger(__name__)
+
+
+def _refused(exc: Exception) -> LlmError:
+    return LlmResponseError(f"the LiteRT-LM engine refused the conversation: {exc}")
+
+
+#: creating an engine conversation
+_CREATE_ERRORS: ErrorTable = {Exception: _refused}
 
 
 class LiteRtConversation:
@@ -42,7 +50,6 @@ class LiteRtConversation:
         self.generation: Round | None = None
         self._pending_results: list[dict[str, Any]] = []
         self._closed = False
-        self._interrupted = False
         #: a round is running (or waiting for the engine) on this conversation
         self._busy = False
         #: an engine conversation is being created for this one (in a worker thread)
@@ -61,16 +68,7 @@ class LiteRtConversation:
     def add_tool_result(self, call_id: str, name: str, result: str) -> None:
         # The engine's tool message carries the tool's name, not the call id: results go back
         # in call order, all of one round in one tool message.
-        self._pending_results.append({"type": "tool_response", "name": name, "response": result})
-
-    async def interrupt(self) -> None:
-        """Stop the running round, if any: its stream ends with ``FinishDelta("interrupted")``
-        and the engine conversation is rebuilt for the next round. (The actor interrupts by
-        cancelling the consuming task instead, which works the same way.)"""
-        generation = self.generation
-        if generation is not None:
-            self._interrupted = True
-            await trio.to_thread.run_sync(generation.cancel_now)
+        self._pending_results.append(tool_response(name, result))
 
     async def close(self) -> None:
         """Stop a running round, delete the engine conversation. Idempotent, never raises."""
@@ -112,11 +110,8 @@ class LiteRtConversation:
         self._creating = True
         try:
             # assigned in the thread: a caller cancelled meanwhile loses nothing, close() finds it
-            await trio.to_thread.run_sync(self._llm.create_engine_conv_sync, self)
-        except LlmError:
-            raise
-        except Exception as exc:
-            raise LlmResponseError(f"the LiteRT-LM engine refused the conversation: {exc}") from exc
+            with map_exceptions(_CREATE_ERRORS):
+                await trio.to_thread.run_sync(self._llm.create_engine_conv_sync, self)
         finally:
             self._creating = False
             if self._closed:  # closed while it was being created: delete it, forget us
@@ -143,6 +138,16 @@ class LiteRtConversation:
             self._engine_conv_stale = True
         return user_message(content, supports_images=self._llm.supports_images)
 
+    def _check_startable(self, content: Sequence[Content] | None) -> None:
+        if self._closed:
+            raise LlmResponseError("the conversation is closed")
+        if self._llm.closed:
+            raise LlmConnectionError("the LiteRT-LM backend is closed")
+        if self._busy:
+            raise LlmResponseError("a round is already running on this conversation")
+        if content is None and not self._pending_results:
+            raise LlmResponseError("nothing to send: no new message and no tool results")
+
     async def send_stream(
         self, content: Sequence[Content] | None
     ) -> AsyncGenerator[LlmDelta, None]:
@@ -154,18 +159,11 @@ class LiteRtConversation:
         ``contextlib.aclosing``: leaving early cancels the engine's generation and waits for its
         thread before returning.
         """
-        if self._closed:
-            raise LlmResponseError("the conversation is closed")
-        if self._llm.closed:
-            raise LlmConnectionError("the LiteRT-LM backend is closed")
-        if self._busy:
-            raise LlmResponseError("a round is already running on this conversation")
-        if content is None and not self._pending_results:
-            raise LlmResponseError("nothing to send: no new message and no tool results")
+        self._check_startable(content)
         # Set before the first await: a second round on this conversation fails at once.
         self._busy = True
+        borrower = object()
         try:
-            borrower = object()
             await self._llm.limiter.acquire_on_behalf_of(borrower)
         except BaseException:
             self._busy = False
@@ -173,73 +171,79 @@ class LiteRtConversation:
         generation: Round | None = None
         completed = False
         try:
-            if self._closed:
-                raise LlmResponseError("the conversation was closed while the round waited")
-            # only now, with the slot held: a round cancelled while waiting consumed nothing
-            message = self._next_message(content)
-            if self._engine_conv_stale:
-                self._engine_conv_stale = False
-                await self._drop_engine_conv()
-            try:
-                # seeded with the history before this round's message (only if it is rebuilt)
-                engine_conv = await self.ensure_engine_conv()
-            finally:
-                # part of the history from now on, whatever happens, like a request once sent
-                self.messages.append(message)
-            engine = self._llm.engine
-            generation = Round(engine_conv, message, self._llm.context_window,
-                                getattr(engine, "tokenize", None))
-            self.generation = self.last_round = generation
-            self._interrupted = False
+            generation = await self._start_round(content)
             parser = ChunkParser()
-            generation.start()
-            while True:
-                kind, payload = await generation.recv.receive()
-                if kind == "chunks":
-                    for chunk in payload:
+            with map_exceptions(self._round_errors()):
+                while (batch := await generation.next_batch()) is not None:
+                    for chunk in batch:
                         for delta in parser.feed(chunk):
                             yield delta
-                    continue
-                result: outcome.Outcome[tuple[int, int, int]] = payload
-                if isinstance(result, outcome.Error):
-                    raise self._round_error(result.error) from result.error
-                _, after, chunks = result.unwrap()
-                break
             if generation.cancelled.is_set():
-                if self._interrupted:
-                    yield FinishDelta("interrupted")
-                    return
                 raise LlmResponseError("the round was stopped: the conversation was closed")
+            assert generation.totals is not None
+            _, after, chunks = generation.totals
             self.messages.append(parser.assistant_message())
             completed = True
             yield UsageDelta(prompt_tokens=max(after - chunks, 0), completion_tokens=chunks)
             yield FinishDelta(self._finish_reason(parser, chunks, after))
         finally:
-            # Shielded: a cancelled round must still stop the engine thread before the engine
-            # conversation is deleted and the limiter slot is given back.
-            with trio.CancelScope(shield=True):
-                if generation is not None:
-                    if not generation.done.is_set() and not await generation.stop():
-                        self._leak()
-                    self.generation = None
-                if not completed:
-                    # cancelled, interrupted or failed: this engine conversation is not reused
-                    await self._drop_engine_conv()
-            self._llm.limiter.release_on_behalf_of(borrower)
-            self._busy = False
+            await self._end_round(generation, completed, borrower)
 
-    def _round_error(self, exc: BaseException) -> LlmError:
-        """The LlmError for a failed round (raised into the stream)."""
-        if isinstance(exc, RoundFailed):
+    async def _start_round(self, content: Sequence[Content] | None) -> Round:
+        """With the limiter's slot held: the round's message into the history, the engine
+        conversation (re)built if needed, the generation started."""
+        if self._closed:
+            raise LlmResponseError("the conversation was closed while the round waited")
+        # only now, with the slot held: a round cancelled while waiting consumed nothing
+        message = self._next_message(content)
+        if self._engine_conv_stale:
+            self._engine_conv_stale = False
+            await self._drop_engine_conv()
+        try:
+            # seeded with the history before this round's message (only if it is rebuilt)
+            engine_conv = await self.ensure_engine_conv()
+        finally:
+            # part of the history from now on, whatever happens, like a request once sent
+            self.messages.append(message)
+        generation = Round(engine_conv, message, self._llm.context_window,
+                           getattr(self._llm.engine, "tokenize", None))
+        self.generation = self.last_round = generation
+        generation.start()
+        return generation
+
+    async def _end_round(self, generation: Round | None, completed: bool, borrower: object) -> None:
+        """Shielded: a cancelled round must still stop the engine thread before the engine
+        conversation is deleted and the limiter slot is given back."""
+        with trio.CancelScope(shield=True):
+            if generation is not None:
+                if not generation.done.is_set() and not await generation.stop():
+                    self._leak()
+                self.generation = None
+            if not completed:
+                # cancelled or failed: this engine conversation is not reused
+                await self._drop_engine_conv()
+        self._llm.limiter.release_on_behalf_of(borrower)
+        self._busy = False
+
+    def _round_errors(self) -> ErrorTable:
+        """How a failed round becomes an LlmError (raised into the stream)."""
+        window = self._llm.context_window
+
+        def round_failed(exc: Exception) -> LlmError:
+            assert isinstance(exc, RoundFailed)
             if exc.window_full:
                 return LlmResponseError(
-                    f"the model's context window ({self._llm.context_window} tokens) is full: "
+                    f"the model's context window ({window} tokens) is full: "
                     f"the conversation must be compacted or shortened ({exc})"
                 )
             if exc.error is None:
                 return LlmResponseError("the LiteRT-LM engine took no input and answered nothing")
-            exc = exc.error
-        return LlmResponseError(f"the LiteRT-LM engine failed: {exc}")
+            return LlmResponseError(f"the LiteRT-LM engine failed: {exc.error}")
+
+        def failed(exc: Exception) -> LlmError:
+            return LlmResponseError(f"the LiteRT-LM engine failed: {exc}")
+
+        return {RoundFailed: round_failed, Exception: failed}
 
     def _finish_reason(self, parser: ChunkParser, chunks: int, tokens: int) -> str:
         if parser.calls:

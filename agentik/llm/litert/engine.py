@@ -19,6 +19,7 @@ import trio
 
 from agentik.errors import ConfigError, LlmConnectionError, LlmError, LlmResponseError
 from agentik.llm.base import ToolSpec
+from agentik.llm.boundary import ErrorTable, map_exceptions
 from agentik.llm.litert.conversation import LiteRtConversation
 from agentik.llm.litert.format import history_to_messages
 from agentik.wire import WorkingItem
@@ -166,15 +167,23 @@ class LiteRtLlm:
                 # thread assigns self._engine itself so a cancelled caller loses nothing.
                 await trio.to_thread.run_sync(self._load_sync)
 
+    def _load_errors(self) -> ErrorTable:
+        """How a failed load becomes an LlmError."""
+
+        def not_installed(exc: Exception) -> LlmError:
+            return LlmConnectionError(
+                f"the LiteRT-LM engine is not installed ({exc}): {INSTALL_HINT}"
+            )
+
+        def cannot_load(exc: Exception) -> LlmError:
+            return LlmConnectionError(f"cannot load the LiteRT-LM model {self.model_path}: {exc}")
+
+        return {ImportError: not_installed, Exception: cannot_load}
+
     def _load_sync(self) -> None:
         """Worker thread: read the model's metadata, then create the engine."""
-        try:
+        with map_exceptions(self._load_errors()):
             litert_lm = import_litert()
-        except ImportError as exc:
-            raise LlmConnectionError(
-                f"the LiteRT-LM engine is not installed ({exc}): {INSTALL_HINT}"
-            ) from exc
-        try:
             litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
             with litert_lm.ModelInfo(self.model_path) as info:
                 if not info.is_llm_model:
@@ -186,12 +195,6 @@ class LiteRtLlm:
                 backend=litert_lm.Backend.CPU(thread_count=self.threads),
                 cache_dir=self.cache_dir,
             )
-        except LlmError:
-            raise
-        except Exception as exc:
-            raise LlmConnectionError(
-                f"cannot load the LiteRT-LM model {self.model_path}: {exc}"
-            ) from exc
         self.supports_tools = function_calling
         if self._configured_window is None:
             self.context_window = window

@@ -1,5 +1,6 @@
-"""Pure code of the LiteRT-LM backend: working memory as the engine's messages, and the engine's
-streamed message dicts as :data:`agentik.llm.base.LlmDelta`. No engine, no threads, no trio."""
+"""Pure code of the LiteRT-LM backend: working memory as the engine's messages (the final step of
+:func:`agentik.llm.history.render_history`), and the engine's streamed message dicts as
+:data:`agentik.llm.base.LlmDelta`. No engine, no threads, no trio."""
 
 from __future__ import annotations
 
@@ -9,20 +10,20 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from agentik.llm.base import LlmDelta, ReasoningDelta, TextDelta, ToolCallDelta
-from agentik.wire import (
-    AssistantItem,
-    Content,
-    Image,
-    SummaryItem,
-    SystemItem,
-    Text,
-    ToolItem,
-    UserItem,
-    WorkingItem,
-)
+from agentik.llm.base import LlmDelta, ReasoningDelta, TextDelta, ToolCallAssembler, ToolCallDelta
+from agentik.llm.history import render_history, user_parts
+from agentik.wire import Content, Image, Text, ToolCallSpec, WorkingItem
 
-__all__ = ["ChunkParser", "Message", "history_to_messages", "message_text", "user_message"]
+__all__ = [
+    "FORMAT",
+    "ChunkParser",
+    "LiteRtFormat",
+    "Message",
+    "history_to_messages",
+    "message_text",
+    "tool_response",
+    "user_message",
+]
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,87 @@ log = logging.getLogger(__name__)
 Message = dict[str, Any]
 
 
+def _text_part(text: str) -> dict[str, str]:
+    return {"type": "text", "text": text}
+
+
+def tool_response(name: str, content: str) -> dict[str, Any]:
+    """A tool result as a part of a ``tool`` message (the engine matches results by name)."""
+    return {"type": "tool_response", "name": name, "response": content}
+
+
+class LiteRtFormat:
+    """The engine's messages: content is always a list of parts (what the chat templates
+    expect), tool-call arguments are objects."""
+
+    def system(self, text: str) -> Message:
+        return {"role": "system", "content": [_text_part(text)]}
+
+    def user(self, parts: Sequence[Content]) -> Message:
+        out: list[dict[str, Any]] = []
+        for item in parts:
+            if isinstance(item, Text):
+                out.append(_text_part(item.body))
+            elif isinstance(item, Image):
+                out.append({"type": "image", "blob": item.data})
+        # the chat templates iterate over the parts: never send an empty list
+        return {"role": "user", "content": out or [_text_part("")]}
+
+    def assistant(self, text: str, calls: Sequence[ToolCallSpec]) -> Message:
+        message: Message = {"role": "assistant", "content": [_text_part(text)]}
+        if calls:
+            message["tool_calls"] = [
+                {"id": call.call_id, "type": "function",
+                 "function": {"name": call.name, "arguments": _arguments_dict(call.arguments)}}
+                for call in calls
+            ]
+        return message
+
+    def tool(self, call_id: str, name: str, content: str) -> Message:
+        return {"role": "tool", "content": [tool_response(name, content)]}
+
+
+FORMAT = LiteRtFormat()
+
+
+def user_message(content: Sequence[Content], *, supports_images: bool) -> Message:
+    """A user message; images are dropped (with a warning) unless the engine takes them."""
+    return FORMAT.user(user_parts(content, supports_images=supports_images))
+
+
+def history_to_messages(
+    history: Sequence[WorkingItem], *, supports_images: bool = False
+) -> list[Message]:
+    """Working memory as the engine's messages (``create_conversation(messages=...)``).
+
+    Consecutive tool results become one ``tool`` message of ``tool_response`` parts, the shape a
+    live round sends them in.
+    """
+    messages: list[Message] = []
+    for message in render_history(history, FORMAT, supports_images=supports_images):
+        if message["role"] == "tool" and messages and messages[-1]["role"] == "tool":
+            messages[-1]["content"].extend(message["content"])
+        else:
+            messages.append(message)
+    return messages
+
+
+def message_text(message: Message) -> str:
+    """The text of a message as the model reads it: its text parts and its tool responses."""
+    text = "".join(_texts(message.get("content")))
+    for part in message.get("content") or ():
+        if isinstance(part, Mapping) and part.get("type") == "tool_response":
+            text += str(part.get("response"))
+    return text
+
+
 class ChunkParser:
     """Turns the engine's streamed message dicts into LlmDeltas and accumulates the answer."""
 
     def __init__(self) -> None:
         self.text: list[str] = []
-        self.calls: list[dict[str, Any]] = []
+        self.calls = ToolCallAssembler()
+        self._count = 0
 
     def feed(self, chunk: Mapping[str, Any]) -> Iterable[LlmDelta]:
         for channel, value in (chunk.get("channels") or {}).items():
@@ -46,24 +122,17 @@ class ChunkParser:
                 self.text.append(piece)
                 yield TextDelta(piece)
         for raw in chunk.get("tool_calls") or ():
-            call = _tool_call(raw)
+            call = _tool_call(raw, self._count)
             if call is None:
                 log.warning("ignored a malformed tool call from the engine: %r", raw)
                 continue
-            index = len(self.calls)
-            self.calls.append(call)
-            yield ToolCallDelta(
-                index=index, id=call["id"], name=call["function"]["name"],
-                arguments=json.dumps(call["function"]["arguments"]),
-            )
+            self._count += 1
+            self.calls.add(call)
+            yield call
 
     def assistant_message(self) -> Message:
-        message: Message = {
-            "role": "assistant", "content": [{"type": "text", "text": "".join(self.text)}],
-        }
-        if self.calls:
-            message["tool_calls"] = self.calls
-        return message
+        """The answer as the engine's message, for the history."""
+        return FORMAT.assistant("".join(self.text), self.calls.calls())
 
 
 def _texts(content: Any) -> Iterable[str]:
@@ -79,9 +148,9 @@ def _texts(content: Any) -> Iterable[str]:
                     yield text
 
 
-def _tool_call(raw: Any) -> dict[str, Any] | None:
-    """A tool call of the engine normalised to ``{"id", "type", "function": {"name",
-    "arguments": dict}}``; None if it has no name."""
+def _tool_call(raw: Any, index: int) -> ToolCallDelta | None:
+    """A complete tool call of the engine as one delta (arguments as JSON text); None if it has
+    no name."""
     if not isinstance(raw, Mapping):
         return None
     function = raw.get("function", raw)
@@ -99,8 +168,7 @@ def _tool_call(raw: Any) -> dict[str, Any] | None:
     if not isinstance(call_id, str) or not call_id:
         # the engine's calls carry no id: make one so results can be matched in memory
         call_id = f"call_{uuid.uuid4().hex[:16]}"
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": dict(arguments)}}
+    return ToolCallDelta(index=index, id=call_id, name=name, arguments=json.dumps(dict(arguments)))
 
 
 def _arguments_dict(arguments: str) -> dict[str, Any]:
@@ -113,80 +181,3 @@ def _arguments_dict(arguments: str) -> dict[str, Any]:
     except ValueError:
         return {"arguments": arguments}
     return value if isinstance(value, dict) else {"arguments": value}
-
-
-# --- history conversion --------------------------------------------------------------------------
-
-
-def _text_part(text: str) -> dict[str, str]:
-    return {"type": "text", "text": text}
-
-
-def user_message(content: Sequence[Content], *, supports_images: bool) -> Message:
-    """A user message; images are dropped (with a warning) unless the engine takes them."""
-    parts: list[dict[str, Any]] = []
-    dropped = 0
-    for item in content:
-        if isinstance(item, Text):
-            parts.append(_text_part(item.body))
-        elif isinstance(item, Image):
-            if supports_images:
-                parts.append({"type": "image", "blob": item.data})
-            else:
-                dropped += 1
-    if dropped:
-        log.warning("dropped %d image(s): the model does not accept images", dropped)
-    # the chat templates iterate over the parts: never send an empty list
-    return {"role": "user", "content": parts or [_text_part("")]}
-
-
-def history_to_messages(
-    history: Sequence[WorkingItem], *, supports_images: bool = False
-) -> list[Message]:
-    """Working memory as the engine's messages (``create_conversation(messages=...)``).
-
-    Content is always a list of ``{"type": "text"}`` parts (what the chat templates expect);
-    assistant tool calls carry their arguments as objects; consecutive tool results become one
-    ``tool`` message of ``tool_response`` parts, the shape a live round sends them in.
-    """
-    messages: list[Message] = []
-    for item in history:
-        if isinstance(item, SystemItem):
-            messages.append({"role": "system", "content": [_text_part(item.text)]})
-        elif isinstance(item, SummaryItem):
-            messages.append({
-                "role": "system",
-                "content": [_text_part(f"Summary of earlier conversation: {item.text}")],
-            })
-        elif isinstance(item, UserItem):
-            messages.append(user_message(item.content, supports_images=supports_images))
-        elif isinstance(item, AssistantItem):
-            texts = [c.body for c in item.content if isinstance(c, Text)]
-            if len(texts) != len(item.content):
-                log.warning("dropped image(s) from an assistant message: the model takes none")
-            message: Message = {"role": "assistant", "content": [_text_part("".join(texts))]}
-            if item.tool_calls:
-                message["tool_calls"] = [
-                    {"id": call.call_id, "type": "function",
-                     "function": {"name": call.name, "arguments": _arguments_dict(call.arguments)}}
-                    for call in item.tool_calls
-                ]
-            messages.append(message)
-        elif isinstance(item, ToolItem):
-            part = {"type": "tool_response", "name": item.name, "response": item.content}
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "tool":
-                last["content"].append(part)
-            else:
-                messages.append({"role": "tool", "content": [part]})
-    return messages
-
-
-
-def message_text(message: Message) -> str:
-    """The text of a message as the model reads it: its text parts and its tool responses."""
-    text = "".join(_texts(message.get("content")))
-    for part in message.get("content") or ():
-        if isinstance(part, Mapping) and part.get("type") == "tool_response":
-            text += str(part.get("response"))
-    return text

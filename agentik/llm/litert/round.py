@@ -62,8 +62,21 @@ class Round:
         self.cancelled = threading.Event()
         #: chunks the engine produced, also those drained after a cancel (for tests)
         self.chunks = 0
+        #: the thread's result once it has ended without error
+        self.totals: tuple[int, int, int] | None = None
         self._batch: list[dict[str, Any]] = []
         self._batch_lock = threading.Lock()  # held for a list swap only
+
+    async def next_batch(self) -> list[dict[str, Any]] | None:
+        """Event loop: the next chunks the engine produced, or None once the thread has ended
+        (then ``totals`` holds its ``(tokens_before, tokens_after, chunks)``). Raises what the
+        thread raised (:class:`RoundFailed`)."""
+        kind, payload = await self.recv.receive()
+        if kind == "chunks":
+            batch: list[dict[str, Any]] = payload
+            return batch
+        self.totals = payload.unwrap()
+        return None
 
     def start(self) -> None:
         trio.lowlevel.start_thread_soon(self._run, self._deliver, name="agentik-litert-round")
