@@ -110,6 +110,7 @@ async def llm() -> AsyncIterator[LiteRtLlm]:
 # --- configuration -------------------------------------------------------------------------------
 
 
+@needs_litert
 def test_config_without_model_path_names_the_variable() -> None:
     with pytest.raises(ConfigError) as info:
         make_llm(Config(llm_backend="litert"))

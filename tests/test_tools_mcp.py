@@ -507,6 +507,29 @@ async def test_a_turn_runs_mcp_tools_over_stdio_and_http(
             assert status_of(registry, "box")["retries"] == 0
 
 
+async def test_structured_content_is_kept_only_within_the_result_cap(
+    config: Config, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """Structured content is untrusted and unbounded: a result whose structured content is over
+    ``tool_result_cap`` is stored without it (its text, cut to the cap, stays)."""
+    path = write_config(tmp_path, {"box": stdio_entry()})
+    scripted.push(
+        ToolCalls([("c1", "box__table", '{"rows": 2}'), ("c2", "box__table", '{"rows": 500}')]),
+        Reply("Two tables."),
+    )
+    async with open_runtime(config.replace(mcp_config=path, tool_result_cap=1000)) as agent:
+        registry = mcp_of(agent)
+        await wait_for(registry, connected(registry, "box"))
+        conv = await agent.create_conversation()
+        cursor = await agent.outbox.current_cursor()
+        await conv.send("tables")
+        small, large = results(await events_until(agent, conv, cursor))
+    assert small.structured == {"rows": ["r" * 20] * 2} and not small.is_error
+    assert len(json.dumps({"rows": ["r" * 20] * 500})) > 1000
+    assert large.structured is None and not large.is_error
+    assert "truncated" in large.content and len(large.content) < 1100
+
+
 async def test_interrupt_cancels_a_running_mcp_tool_call(
     config: Config, scripted: ScriptedOpenAI, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ Tools:
 - ``hang()``: never returns (for timeouts and interrupts); ``calls()``: how many calls so far;
 - ``crash()``: the process exits at once (``os._exit``), as a crashing server would; ``pid()``;
 - ``environment(name)``, ``whoami()``: what the process was started with; ``big(size)``;
+- ``table(rows)``: structured content of any size;
 - ``grow(name)``: adds a tool ``name`` and notifies ``tools/list_changed``;
 - ``picture()``: an image content block; ``fetch.page(url)``: a name that needs sanitising.
 
@@ -85,6 +86,12 @@ def build(name: str = "toolbox") -> MCPServer[Any]:
         """``size`` characters of text."""
         count()
         return "x" * size
+
+    @server.tool()
+    def table(rows: int) -> dict[str, list[str]]:
+        """Structured content of ``rows`` rows of 20 characters each (and its JSON as text)."""
+        count()
+        return {"rows": ["r" * 20] * rows}
 
     @server.tool()
     def pid() -> int:
