@@ -62,6 +62,9 @@ class Config:
     restart_period: float = 60.0
     #: largest accepted HTTP/WebSocket body in bytes
     max_body_bytes: int = 4 * 1024 * 1024
+    #: seconds an idle keep-alive HTTP connection is kept open (``agentik serve``; hypercorn's
+    #: ``keep_alive_timeout``)
+    keep_alive_timeout: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -108,6 +111,7 @@ class Config:
         get("AGENTIK_RESTART_LIMIT", "restart_limit", _positive_int)
         get("AGENTIK_RESTART_PERIOD", "restart_period", _positive_float)
         get("AGENTIK_MAX_BODY_BYTES", "max_body_bytes", _positive_int)
+        get("AGENTIK_KEEP_ALIVE_TIMEOUT", "keep_alive_timeout", _positive_float)
         return cls(**kw)
 
     def replace(self, **changes: Any) -> Config:

@@ -32,6 +32,7 @@ from agentik.web._state import (
 )
 from agentik.web.errors import error_body
 from agentik.web.http import bp as http_bp
+from agentik.web.keepalive import shield_response_end
 from agentik.web.sse import bp as sse_bp
 from agentik.web.ws import bp as ws_bp
 
@@ -59,6 +60,8 @@ class AgentikApp(QuartTrio):
         if not trio.lowlevel.in_trio_run():
             await process.refuse_without_trio(scope, receive, send)
             return
+        if scope["type"] == "http":
+            send = shield_response_end(send)  # see agentik.web.keepalive
         await super().__call__(scope, receive, send)
 
 
