@@ -29,14 +29,20 @@ class Config:
     llm_timeout: float = 120.0
     #: retries the openai SDK makes on connection errors and 5xx before failing the turn
     llm_max_retries: int = 2
-    #: the model's context window in tokens; compaction starts near it (0 = unknown, off)
+    #: the model's context window in tokens, overriding what the backend knows (0 = the engine's
+    #: own; for openai learned from the server's first overflow refusal); docs/CONTEXT.md
     context_window: int = 0
     litert_model_path: str | None = None
     litert_threads: int = 2
     #: rounds generating at once on the LiteRT-LM engine; excess turns wait
     litert_max_concurrency: int = 1
-    #: most tokens one LiteRT-LM round may generate (0 = until the model stops or the window is full)
+    #: most tokens one LiteRT-LM round may generate (0 = a quarter of the window, at most 4096)
     litert_max_output_tokens: int = 0
+    #: most tokens one round of the openai backend may generate (0 = a quarter of the window
+    #: once it is known, at most 4096; else the server's default); docs/CONTEXT.md
+    max_output_tokens: int = 0
+    #: most tokens a compaction summary may take (0 = an eighth of the window, at most 1024)
+    summary_max_tokens: int = 0
     mcp_config: str | None = None
     tokens: tuple[str, ...] = ()
     #: durable events kept in the outbox (newest N)
@@ -95,6 +101,8 @@ class Config:
         get("AGENTIK_LITERT_THREADS", "litert_threads", _positive_int)
         get("AGENTIK_LITERT_MAX_CONCURRENCY", "litert_max_concurrency", _positive_int)
         get("AGENTIK_LITERT_MAX_OUTPUT_TOKENS", "litert_max_output_tokens", _non_negative_int)
+        get("AGENTIK_MAX_OUTPUT_TOKENS", "max_output_tokens", _non_negative_int)
+        get("AGENTIK_SUMMARY_MAX_TOKENS", "summary_max_tokens", _non_negative_int)
         get("AGENTIK_MCP_CONFIG", "mcp_config", str)
         get("AGENTIK_TOKENS", "tokens", _tokens)
         get("AGENTIK_OUTBOX_CAP", "outbox_cap", _positive_int)

@@ -342,10 +342,10 @@ def summary_fits(plan: Compact, summary_tokens: int, budget: Budget) -> bool:
     return plan.kept_tokens + summary_tokens + budget.min_output <= budget.window - budget.margin
 
 
-def transcript_room(budget: Budget, prompt_tokens: int) -> int:
-    """Tokens the summariser's transcript may take: the window minus its prompt, the summary
-    budget and the margin."""
-    return max(0, budget.window - budget.margin - prompt_tokens - budget.summary)
+def transcript_room(budget: Budget, prompt_tokens: int, summary_room: int) -> int:
+    """Tokens the summariser's transcript may take: the window minus its prompt, the summary's
+    room and the margin."""
+    return max(0, budget.window - budget.margin - prompt_tokens - summary_room)
 
 
 def cut_transcript(text: str, tokens: int, room: int) -> str:

@@ -40,6 +40,8 @@ in-process agent catches the same classes over HTTP::
      │    ├── LlmTimeoutError      502 llm_timeout     no answer in time
      │    ├── LlmAuthError         502 llm_auth        the endpoint refused our credentials
      │    └── LlmResponseError     502 llm_response    an error answer or a malformed one
+     │         └── LlmContextOverflowError  502 context_overflow  the prompt does not fit the
+     │               model's context window (the turn compacts and retries once)
      ├── ToolError                 502 tool        a tool call failed (error, exception, timeout)
      │     raised by: agentik.tools; caught by the turn (a ToolFailed event)
      ├── AgentikConnectionError    (client only; also a builtin ConnectionError) no answer at all:
@@ -165,6 +167,21 @@ class LlmResponseError(LlmError):
     code = "llm_response"
 
 
+class LlmContextOverflowError(LlmResponseError):
+    """The backend refused or could not finish a round because the prompt does not fit the
+    model's context window. ``window`` is the window the backend knows now (named by the server,
+    reported by the engine, or learned from the refusal), ``tokens`` the prompt's size when the
+    backend said. The conversation compacts and retries; only this class means "too long"."""
+
+    code = "context_overflow"
+
+    def __init__(self, message: str, *, window: int | None = None,
+                 tokens: int | None = None) -> None:
+        super().__init__(message)
+        self.window = window
+        self.tokens = tokens
+
+
 class ToolError(AgentikError):
     """A tool call failed; the turn goes on with a ``ToolFailed`` event."""
 
@@ -222,6 +239,7 @@ HTTP_ERRORS: tuple[HttpError, ...] = (
     HttpError(LlmTimeoutError, 502),
     HttpError(LlmAuthError, 502),
     HttpError(LlmResponseError, 502),
+    HttpError(LlmContextOverflowError, 502),
     HttpError(ToolError, 502),
     HttpError(RuntimeClosedError, 503, default_for_status=True),
     HttpError(StorageError, 503),

@@ -76,6 +76,9 @@ class AssistantMessage(Tagged, frozen=True, kw_only=True):
     tokens: TurnTokens | None = None
     interrupted: bool = False
     turn_id: str | None = None  # id of the UserMessage that started the turn
+    #: why the last round stopped: "stop", "length" (cut at the output budget or the context
+    #: window), "tool_calls", … as the backend said; None if it did not say
+    finish_reason: str | None = None
 
 
 class ToolCall(Tagged, frozen=True, kw_only=True):

@@ -26,7 +26,7 @@ import trio.testing
 
 import agentik
 from agentik.config import Config
-from agentik.errors import ConfigError, LlmConnectionError, LlmResponseError
+from agentik.errors import ConfigError, LlmConnectionError, LlmContextOverflowError, LlmResponseError
 from agentik.llm.base import (
     FinishDelta,
     LlmDelta,
@@ -329,22 +329,58 @@ async def test_leaving_the_stream_early_and_close_during_a_round() -> None:
         await backend.aclose()
 
 
+async def collect_limited(conv: LiteRtConversation, text: str, limit: int | None) -> list[LlmDelta]:
+    async with aclosing(conv.send_stream(user(text), max_output_tokens=limit)) as stream:
+        return [delta async for delta in stream]
+
+
 @needs_tiny
-async def test_full_context_window_is_an_error_not_an_empty_answer() -> None:
+async def test_default_output_budget_is_a_quarter_of_the_window_with_exact_usage() -> None:
     backend = tiny(max_output_tokens=None)
     try:
         conv = await backend.open([], [])
-        filled = await collect(conv, user("Fill it."))
+        assert backend.context_window == 1024 and backend.output_budget() == 256
+        deltas = await collect(conv, user("Go on and on."))
+        usage = [d for d in deltas if isinstance(d, UsageDelta)][-1]
+        assert deltas[-1] == FinishDelta("length")  # the random model never stops by itself
+        assert usage.completion_tokens == 256
+        # exact: the engine's own count of what the conversation holds
+        assert usage.prompt_tokens + usage.completion_tokens == conv.engine_conv.token_count
+        # the counting the runtime plans with agrees with the engine's prefill (+- template)
+        counted = sum(await backend.count_tokens([UserItem(content=user("Go on and on."))]))
+        assert abs(counted - usage.prompt_tokens) <= 4, (counted, usage.prompt_tokens)
+        deltas = await collect_limited(conv, "Less now.", 10)
+        assert [d for d in deltas if isinstance(d, UsageDelta)][-1].completion_tokens == 10
+        assert deltas[-1] == FinishDelta("length")
+    finally:
+        await backend.aclose()
+
+
+@needs_tiny
+async def test_full_context_window_is_an_overflow_error_not_an_empty_answer() -> None:
+    backend = tiny(max_output_tokens=None)
+    try:
+        conv = await backend.open([], [])
+        filled = await collect_limited(conv, "Fill it.", 5000)
         assert filled[-1] == FinishDelta("length")
-        with pytest.raises(LlmResponseError, match="context window \\(1024 tokens\\) is full"):
+        with pytest.raises(LlmContextOverflowError,
+                           match="does not fit the model's context window \\(1024 tokens\\)"):
             await collect(conv, user("One more."))
+        # a message larger than the window is refused before the engine sees it (the engine's
+        # INVALID_ARGUMENT would leave its conversation unusable), with our text, not its own
+        conv2 = await backend.open([], [])
+        with pytest.raises(LlmContextOverflowError) as info:
+            await collect(conv2, user("word " * 1500))
+        assert info.value.window == 1024 and info.value.tokens is not None
+        assert info.value.tokens > 1024 and "INVALID_ARGUMENT" not in str(info.value)
+        await conv2.close()
     finally:
         await backend.aclose()
 
 
 @needs_tiny
 async def test_event_loop_stays_responsive_while_a_round_generates() -> None:
-    backend = tiny(max_output_tokens=None)
+    backend = tiny(max_output_tokens=900)
     try:
         conv = await backend.open([], [])
         gaps: list[float] = []

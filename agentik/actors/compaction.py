@@ -1,16 +1,19 @@
-"""Pure compaction logic (SPEC §5): when the context nears the model's window, the old turns of
-working memory are replaced by a summary. Working memory only: the journal keeps everything.
+"""Pure compaction logic (SPEC §5, docs/CONTEXT.md): before a round that would not fit the
+model's window, the old turns of working memory are replaced by a summary. Working memory only:
+the journal keeps everything.
 
-No I/O: the ConversationActor reads working memory, asks :func:`plan_compaction` whether and
-what to drop, has the model summarise :func:`transcript` under :data:`SUMMARY_PROMPT`, and
-stores :func:`compact_op`.
+No I/O: the ConversationActor reads working memory, asks :func:`agentik.context.decide` whether
+the round fits and what to drop, has the model summarise :func:`transcript` under
+:data:`SUMMARY_PROMPT`, stores :func:`compact_op` and opens the new session with
+:func:`session_history`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import assert_never
 
+from agentik.context import Compact
 from agentik.storage import ops
 from agentik.wire import (
     AssistantItem,
@@ -23,36 +26,33 @@ from agentik.wire import (
     WorkingItem,
 )
 
-#: compaction starts when a round's prompt used this share of the context window
-COMPACT_AT = 0.8
-#: the most recent user turns kept verbatim
-KEEP_TURNS = 2
+
+def turn_start(items: Sequence[tuple[int, WorkingItem]]) -> int | None:
+    """order_idx of the current turn's user message (the last UserItem)."""
+    for order_idx, item in reversed(items):
+        if isinstance(item, UserItem):
+            return order_idx
+    return None
 
 
-@dataclass(frozen=True)
-class CompactionPlan:
-    before_order_idx: int  # items with system < order_idx < this are replaced
-    dropped: list[WorkingItem]
-
-
-def plan_compaction(
-    items: list[tuple[int, WorkingItem]], prompt_tokens: int, context_window: int | None
-) -> CompactionPlan | None:
-    """Decide whether working memory must be compacted: when the last prompt used more than
-    COMPACT_AT of the window, everything between the system prompt and the last KEEP_TURNS user
-    turns is summarised. None when there is nothing to do (no window known, below the mark, or
-    too few turns to drop any)."""
-    if not context_window or prompt_tokens < COMPACT_AT * context_window:
-        return None
-    user_positions = [i for i, (_, item) in enumerate(items) if isinstance(item, UserItem)]
-    if len(user_positions) <= KEEP_TURNS:
-        return None
-    keep_from = user_positions[-KEEP_TURNS]
-    first = 1 if items and isinstance(items[0][1], SystemItem) else 0
-    dropped = [item for _, item in items[first:keep_from]]
-    if not dropped:
-        return None
-    return CompactionPlan(before_order_idx=items[keep_from][0], dropped=dropped)
+def session_history(
+    items: Sequence[WorkingItem], *, first_round: bool
+) -> tuple[list[WorkingItem], list[ToolItem]]:
+    """What a new model session is opened with from working memory, and the tool results to
+    hand it before the round: on a turn's first round everything but the current user message
+    (the round sends it); later, everything but the trailing tool results (the round continues
+    after them)."""
+    history = list(items)
+    results: list[ToolItem] = []
+    if first_round:
+        if history and isinstance(history[-1], UserItem):
+            history.pop()
+    else:
+        while history and isinstance(history[-1], ToolItem):
+            item = history.pop()
+            assert isinstance(item, ToolItem)
+            results.insert(0, item)
+    return history, results
 
 
 def transcript(items: list[WorkingItem]) -> str:
@@ -90,7 +90,7 @@ SUMMARY_PROMPT = (
 )
 
 
-def compact_op(conversation_id: str, plan: CompactionPlan, summary: str | None) -> ops.Compact:
+def compact_op(conversation_id: str, plan: Compact, summary: str | None) -> ops.Compact:
     """The op replacing the planned items; without a summary (the model could not make one) the
     old turns are dropped without one (the seeds' v1 behaviour) rather than overflowing the
     window."""

@@ -13,6 +13,7 @@ The ``ConversationHandle`` (``handle.py``) outlives actor incarnations: the supe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from contextlib import aclosing
@@ -20,11 +21,19 @@ from typing import assert_never
 
 import trio
 
+from agentik import context as ctx
 from agentik.actors import compaction
 from agentik.actors import turn as logic
 from agentik.actors.handle import ConversationHandle
 from agentik.actors.messages import Turn
-from agentik.errors import LlmError, NotFoundError, RuntimeClosedError, StorageError, ToolError
+from agentik.errors import (
+    LlmContextOverflowError,
+    LlmError,
+    NotFoundError,
+    RuntimeClosedError,
+    StorageError,
+    ToolError,
+)
 from agentik.llm.base import LiteConversation, TextDelta, ToolSpec
 from agentik.storage import ops
 from agentik.storage.queries import working_memory
@@ -32,14 +41,27 @@ from agentik.wire import (
     Content,
     End,
     OnlineEvent,
+    SummaryItem,
     SystemItem,
     Text,
     ToolCallSpec,
     ToolResult,
+    UserItem,
     Working,
+    WorkingItem,
 )
 
 log = logging.getLogger(__name__)
+
+
+class _TooBig(Exception):
+    """The current turn cannot fit the context window: it fails with ``message``, and its
+    working-memory items from ``forget_from`` on are removed (the journal keeps them)."""
+
+    def __init__(self, message: str, forget_from: int | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.forget_from = forget_from
 
 
 class ConversationActor:
@@ -110,14 +132,10 @@ class ConversationActor:
                     await self._end(state, logic.Interrupted())
             elif failed is not None:
                 await self._end(state, failed)
-            else:
-                # Outside the turn's scope: an interrupt now has nothing to cancel, and the
-                # turn's terminal record is already stored.
-                await self._maybe_compact(state)
         except trio.Cancelled:
             # Not an interrupt: the runtime is shutting down or the conversation is being
             # deleted. Close the turn with a terminal record before going, unless it already has
-            # one (the cancel may land after the answer, e.g. during compaction).
+            # one (the cancel may land after the answer).
             if not state.finished:
                 ending = logic.Interrupted() if h.interrupt_requested else logic.Cancelled()
                 await self._end(state, ending)
@@ -135,24 +153,28 @@ class ConversationActor:
         """The turn's rounds; None when it ended with its answer stored, else how it failed."""
         deps = self.deps
         self.online(Working(turn_id=turn.turn_id))
-        conv = await self._session()
+        tools = tuple(self.deps.tools.specs())
+        if self.llm_conv is not None and tools != self.llm_tools:
+            # MCP servers connect and change their tool lists in the background, and a session
+            # is opened with a fixed tool list, so a changed list means a new session.
+            await self.close_llm()
         await deps.storage.write(logic.start(state, turn.content))
         content: Sequence[Content] | None = turn.content
         while True:
             logic.new_round(state)
-            # aclosing: the backend's stream (and its HTTP response) is released at once even
-            # when this loop is left by a cancel or an error, not whenever the GC gets to it.
-            async with aclosing(conv.send_stream(content)) as stream:
-                async for delta in stream:
-                    for event in logic.apply_delta(state, delta):
-                        self.online(event)
+            try:
+                await self._round(state, tools, content)
+            except _TooBig as too_big:
+                return logic.Failed("context_window", too_big.message,
+                                    forget_from=too_big.forget_from)
             content = None
             match logic.after_round(state, deps.config.max_tool_rounds):
                 case logic.RunTools(op=op, calls=calls):
                     await deps.storage.write(op)
                     for call in calls:
                         result = await self._run_tool(state, call)
-                        conv.add_tool_result(call.call_id, call.name, result.content)
+                        assert self.llm_conv is not None  # closed only before a round
+                        self.llm_conv.add_tool_result(call.call_id, call.name, result.content)
                         await deps.storage.write(logic.tool_done(state, result))
                 case logic.Answer(op=op):
                     # Shielded: an interrupt landing now must not store a second,
@@ -164,18 +186,135 @@ class ConversationActor:
                 case logic.Failed() as failed:
                     return failed
 
-    async def _session(self) -> LiteConversation:
-        """The model session for this turn: kept across turns, opened from working memory when
-        there is none. MCP servers connect and change their tool lists in the background, and a
-        session is opened with a fixed tool list, so a changed list means a new session."""
-        tools = tuple(self.deps.tools.specs())
-        if self.llm_conv is not None and tools != self.llm_tools:
+    async def _round(
+        self, state: logic.TurnState, tools: tuple[ToolSpec, ...],
+        content: Sequence[Content] | None,
+    ) -> None:
+        """One model round, made to fit the context window first; a backend-reported overflow
+        (our count said it fits: an estimate, or a window just learned) compacts and retries the
+        round once. Raises _TooBig when the current turn alone cannot fit."""
+        first = content is not None
+        max_output = await self._prepare_round(tools, first_round=first)
+        try:
+            await self._stream_round(state, content, max_output)
+        except LlmContextOverflowError as exc:
+            if state.round_text or state.calls:
+                raise  # the model already answered something: nothing to retry
+            log.info("conversation %s: the backend reported a context overflow (%s); "
+                     "compacting and retrying the round", self.h.conversation_id, exc)
             await self.close_llm()
-        if self.llm_conv is None:
-            items = await self.deps.storage.reader.run(working_memory, self.h.conversation_id)
-            self.llm_conv = await self.deps.llm.open([item for _, item in items], list(tools))
-            self.llm_tools = tools
-        return self.llm_conv
+            max_output = await self._prepare_round(tools, first_round=first, force=True,
+                                                   reported=exc.tokens)
+            await self._stream_round(state, content, max_output)
+
+    async def _stream_round(
+        self, state: logic.TurnState, content: Sequence[Content] | None, max_output: int | None
+    ) -> None:
+        assert self.llm_conv is not None
+        # aclosing: the backend's stream (and its HTTP response) is released at once even
+        # when this loop is left by a cancel or an error, not whenever the GC gets to it.
+        stream = self.llm_conv.send_stream(content, max_output_tokens=max_output)
+        async with aclosing(stream):
+            async for delta in stream:
+                for event in logic.apply_delta(state, delta):
+                    self.online(event)
+
+    # --- context (SPEC §5, docs/CONTEXT.md; the decisions are agentik.context's) ----------------
+
+    def _budget(self) -> ctx.Budget | None:
+        llm = self.deps.llm
+        if not llm.context_window:
+            return None
+        return ctx.make_budget(llm.context_window, exact=llm.exact_tokens,
+                               output=llm.max_output_tokens,
+                               summary=self.deps.config.summary_max_tokens or None)
+
+    async def _prepare_round(
+        self,
+        tools: tuple[ToolSpec, ...],
+        *,
+        first_round: bool,
+        force: bool = False,
+        reported: int | None = None,
+    ) -> int | None:
+        """Make the next round fit the context window and have a model session for it: count
+        working memory (which holds this turn's message and tool results), compact when the
+        round would not fit (or when ``force``: the backend said it did not), then open the
+        session from the (compacted) memory if there is none (kept across turns otherwise, so
+        the engine keeps its KV cache). Returns the round's output budget. Raises _TooBig.
+        This is also what recovers a conversation an earlier version let outgrow the window:
+        its next round, after a cold load too, compacts it."""
+        cid = self.h.conversation_id
+        deps = self.deps
+        for attempt in range(3):
+            items = await deps.storage.reader.run(working_memory, cid)
+            budget = self._budget()
+            plain = [item for _, item in items]
+            counts = await deps.llm.count_tokens(plain) if budget else [0] * len(plain)
+            decision = ctx.decide(items, counts, budget, force=force and attempt == 0)
+            if isinstance(decision, ctx.TooBig):
+                if reported and decision.tokens < reported:  # the backend counted more
+                    extra = reported - decision.tokens
+                    decision = dataclasses.replace(
+                        decision, tokens=reported, message_tokens=decision.message_tokens + extra)
+                raise _TooBig(ctx.too_big_message(decision, exact=deps.llm.exact_tokens),
+                              compaction.turn_start(items))
+            if isinstance(decision, ctx.Fits):
+                if self.llm_conv is None:
+                    history, results = compaction.session_history(plain, first_round=first_round)
+                    conv = await deps.llm.open(history, list(tools))
+                    for result in results:
+                        conv.add_tool_result(result.call_id, result.name, result.content)
+                    self.llm_conv, self.llm_tools = conv, tools
+                return decision.max_output
+            assert budget is not None
+            await self.close_llm()  # its KV cache holds the old turns: rebuilt after compaction
+            await self._compact(decision, budget)
+        raise _TooBig("the conversation does not fit the model's context window even after "
+                      "compaction: send a shorter message", None)
+
+    async def _compact(self, plan: ctx.Compact, budget: ctx.Budget) -> None:
+        """Replace the plan's old turns by a summary of at most ``plan.summary_room`` tokens, or
+        drop them without one when it cannot be made or does not fit (see compaction.py)."""
+        cid = self.h.conversation_id
+        summary: str | None = None
+        if plan.summary_room > 0:
+            try:
+                summary = await self._summarise(plan, budget)
+            except LlmError as exc:
+                log.warning("summarising %s for compaction failed (%s); dropping old turns",
+                            cid, exc)
+            if summary:
+                tokens = (await self.deps.llm.count_tokens([SummaryItem(text=summary)]))[0]
+                if not ctx.summary_fits(plan, tokens, budget):
+                    log.warning("the summary of %s (%d tokens) does not fit; dropping old turns",
+                                cid, tokens)
+                    summary = None
+        await self.deps.storage.write(compaction.compact_op(cid, plan, summary))
+
+    async def _summarise(self, plan: ctx.Compact, budget: ctx.Budget) -> str | None:
+        """The model's summary of the plan's old turns in a session of its own, within the
+        summary budget, its transcript cut to fit the window. Raises LlmError."""
+        llm = self.deps.llm
+        prompt: list[WorkingItem] = [SystemItem(text=compaction.SUMMARY_PROMPT)]
+        text = compaction.transcript(plan.dropped)
+        prompt_tokens, text_tokens = await llm.count_tokens(
+            [*prompt, UserItem(content=[Text(body=text)])])
+        room = ctx.transcript_room(budget, prompt_tokens, plan.summary_room)
+        text = ctx.cut_transcript(text, text_tokens, room)
+        if not text:
+            return None
+        conv = await llm.open(prompt, [])
+        try:
+            parts: list[str] = []
+            stream = conv.send_stream([Text(body=text)], max_output_tokens=plan.summary_room)
+            async with aclosing(stream):
+                async for delta in stream:
+                    if isinstance(delta, TextDelta):
+                        parts.append(delta.text)
+            return "".join(parts).strip() or None
+        finally:
+            await conv.close()
 
     async def _run_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
         """Run one tool call; every failure becomes an error result (ToolFailed), never an
@@ -221,36 +360,6 @@ class ConversationActor:
         queued turns of a conversation that failed)."""
         state = logic.TurnState(conversation_id=self.h.conversation_id, turn_id=turn.turn_id)
         await self._end(state, logic.Failed("crash", f"internal error: {type(exc).__name__}: {exc}"))
-
-    async def _maybe_compact(self, state: logic.TurnState) -> None:
-        """Summarise old turns when the context nears the model's window (see compaction.py)."""
-        cid = self.h.conversation_id
-        items = await self.deps.storage.reader.run(working_memory, cid)
-        plan = compaction.plan_compaction(items, state.last_prompt_tokens,
-                                          self.deps.llm.context_window)
-        if plan is None:
-            return
-        summary: str | None = None
-        try:
-            summary = await self._summarise(compaction.transcript(plan.dropped))
-        except LlmError as exc:
-            log.warning("summarising %s for compaction failed (%s); dropping old turns", cid, exc)
-        await self.deps.storage.write(compaction.compact_op(cid, plan, summary))
-        # The live session still holds the long history: rebuild it from the compacted memory.
-        await self.close_llm()
-
-    async def _summarise(self, transcript: str) -> str | None:
-        """The model's summary of ``transcript`` in a session of its own. Raises LlmError."""
-        conv = await self.deps.llm.open([SystemItem(text=compaction.SUMMARY_PROMPT)], [])
-        try:
-            parts: list[str] = []
-            async with aclosing(conv.send_stream([Text(body=transcript)])) as stream:
-                async for delta in stream:
-                    if isinstance(delta, TextDelta):
-                        parts.append(delta.text)
-            return "".join(parts).strip() or None
-        finally:
-            await conv.close()
 
 
 __all__ = ["ConversationActor"]

@@ -195,6 +195,9 @@ class Failed:
 
     code: str
     message: str
+    #: working-memory items from this order_idx on are removed (a turn too big for the context
+    #: window must not stay in what the model sees; the journal keeps it)
+    forget_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,7 @@ def end(state: TurnState, ending: Ending) -> list[ops.AppendToolResult | ops.Fin
         item=item if item is not None and item.content else None,
         interrupted=isinstance(ending, Interrupted),
         error=(uuid.uuid4().hex, error) if error is not None else None,
+        forget_from=ending.forget_from if isinstance(ending, Failed) else None,
     ))
     return out
 
@@ -326,6 +330,7 @@ def final_message(state: TurnState, *, interrupted: bool = False) -> AssistantMe
         tokens=tokens,
         interrupted=interrupted,
         turn_id=state.turn_id,
+        finish_reason=state.finish_reason,
     )
 
 

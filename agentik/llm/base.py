@@ -14,6 +14,14 @@ Contract every backend keeps:
 - After a failure or a cancellation the conversation is not reused: the actor calls ``close()`` and
   opens a new one from working memory.
 - ``close()`` is idempotent and never raises.
+
+Context (SPEC §5, docs/CONTEXT.md): ``context_window`` is the window the backend knows (the
+engine reports it on load; the openai backend learns it from a server's overflow answer; the
+configured ``AGENTIK_CONTEXT_WINDOW`` overrides). ``count_tokens`` counts working-memory items
+(with the model's tokenizer when ``exact_tokens``, else :func:`agentik.context.estimate_item`).
+``send_stream(..., max_output_tokens=n)`` generates at most ``n`` tokens (None: the backend's
+default budget, :func:`agentik.context.output_budget`), ending with ``FinishDelta("length")`` when
+cut. A prompt that does not fit raises :class:`agentik.errors.LlmContextOverflowError`.
 """
 
 from __future__ import annotations
@@ -123,9 +131,12 @@ class ToolCallAssembler:
 
 
 class LiteConversation(Protocol):
-    def send_stream(self, content: Sequence[Content] | None) -> AsyncGenerator[LlmDelta, None]:
+    def send_stream(
+        self, content: Sequence[Content] | None, *, max_output_tokens: int | None = None
+    ) -> AsyncGenerator[LlmDelta, None]:
         """Stream one model round. ``content`` is the user's new message, or None to continue
-        after tool results. Raises LlmError on backend failure."""
+        after tool results; at most ``max_output_tokens`` are generated. Raises LlmError on
+        backend failure (LlmContextOverflowError: the prompt does not fit the window)."""
         ...
 
     def add_tool_result(self, call_id: str, name: str, result: str) -> None: ...
@@ -136,8 +147,16 @@ class LiteConversation(Protocol):
 class LiteLlm(Protocol):
     #: whether Image content reaches the model (else it is dropped with a warning)
     supports_images: bool
-    #: the model's context window in tokens, if known (drives compaction)
+    #: the model's context window in tokens, if known (drives the output budget and compaction)
     context_window: int | None
+    #: whether count_tokens uses the model's own tokenizer (else a pessimistic estimate)
+    exact_tokens: bool
+    #: the configured output budget per round (None: the default share of the window)
+    max_output_tokens: int | None
+
+    async def count_tokens(self, items: Sequence[WorkingItem]) -> list[int]:
+        """Tokens each item takes in the model's context (template tokens included)."""
+        ...
 
     async def open(
         self, history: Sequence[WorkingItem], tools: Sequence[ToolSpec]

@@ -27,9 +27,19 @@ import httpx2
 import msgspec
 import openai
 
+from agentik.context import (
+    estimate_item,
+    estimate_tokens,
+    is_overflow_text,
+    learned_window,
+    output_budget,
+    tokens_from_text,
+    window_from_text,
+)
 from agentik.errors import (
     LlmAuthError,
     LlmConnectionError,
+    LlmContextOverflowError,
     LlmError,
     LlmResponseError,
     LlmTimeoutError,
@@ -114,7 +124,16 @@ _CHUNK = msgspec.json.Decoder(_Chunk)
 
 
 class OpenAiLlm:
-    """A :class:`agentik.llm.base.LiteLlm` over an OpenAI-compatible chat-completions endpoint."""
+    """A :class:`agentik.llm.base.LiteLlm` over an OpenAI-compatible chat-completions endpoint.
+
+    The server does not say its context window: ``context_window`` is the configured one
+    (AGENTIK_CONTEXT_WINDOW), else None until a context-overflow refusal (HTTP 400
+    ``context_length_exceeded`` / "maximum context length is N tokens") teaches it, for every
+    conversation of the process. Token counts are :func:`agentik.context.estimate_item`.
+    """
+
+    #: counts are an estimate (the server's tokenizer is unknown)
+    exact_tokens = False
 
     def __init__(
         self,
@@ -125,12 +144,15 @@ class OpenAiLlm:
         max_retries: int = 2,
         context_window: int | None = None,
         supports_images: bool = True,
+        max_output_tokens: int | None = None,
     ) -> None:
         self.base_url = base_url
         self.model = model
         self.timeout = timeout
         self.max_retries = max_retries
         self.context_window = context_window
+        #: the output budget per round (AGENTIK_MAX_OUTPUT_TOKENS); None: a share of the window
+        self.max_output_tokens = max_output_tokens
         self.supports_images = supports_images
         self._closed = False
         self.client = openai.AsyncOpenAI(
@@ -152,12 +174,32 @@ class OpenAiLlm:
             timeout=cfg.llm_timeout,
             max_retries=cfg.llm_max_retries,
             context_window=cfg.context_window or None,
+            max_output_tokens=cfg.max_output_tokens or None,
         )
 
     @property
     def closed(self) -> bool:
         return self._closed
 
+    async def count_tokens(self, items: Sequence[WorkingItem]) -> list[int]:
+        return [estimate_item(item, images=self.supports_images) for item in items]
+
+    def output_budget(self) -> int | None:
+        """Tokens a round may generate: AGENTIK_MAX_OUTPUT_TOKENS, else the default share of the
+        window once it is known, else None (the server's default)."""
+        return output_budget(self.context_window, self.max_output_tokens)
+
+    def learn_overflow(self, exc: LlmContextOverflowError, sent_tokens: int) -> None:
+        """A server refused a request as too long: remember its window (named in the answer,
+        else a bound below what was refused: ``sent_tokens`` is our estimate of it) and put it
+        on the error."""
+        known = self.context_window
+        learned = learned_window(known, exc.window, sent_tokens)
+        if known is None or learned < known:
+            log.warning("the LLM endpoint %s refused a request as too long: its context window "
+                        "is %s%d tokens", self.endpoint, "" if exc.window else "at most ", learned)
+            self.context_window = learned
+        exc.window = self.context_window
     @property
     def endpoint(self) -> str:
         """The base URL the client talks to (for messages)."""
@@ -203,9 +245,14 @@ class OpenAiConversation:
         self._closed = True
 
     async def send_stream(
-        self, content: Sequence[Content] | None
+        self, content: Sequence[Content] | None, *, max_output_tokens: int | None = None
     ) -> AsyncGenerator[LlmDelta, None]:
         """Stream one round; see :meth:`agentik.llm.base.LiteConversation.send_stream`.
+
+        ``max_output_tokens`` (None: the backend's budget, if any) is sent as
+        ``max_completion_tokens`` (the current name; ``litert-lm serve`` honours only it). A
+        context-overflow refusal raises LlmContextOverflowError and teaches the backend the
+        window.
 
         An async generator: consume it with ``contextlib.aclosing`` (or a trio cancel scope) so an
         early exit closes the HTTP response at once rather than at garbage collection.
@@ -220,23 +267,30 @@ class OpenAiConversation:
             )
         reader = _RoundReader()
         streaming = self._llm.client.chat.completions.with_streaming_response
-        with map_exceptions(self._llm.errors):
-            async with streaming.create(**self._request()) as response:
-                async for line in response.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    for delta in reader.deltas(_CHUNK.decode(data)):
-                        yield delta
+        limit = max_output_tokens if max_output_tokens is not None else self._llm.output_budget()
+        try:
+            with map_exceptions(self._llm.errors):
+                async with streaming.create(**self._request(limit)) as response:
+                    async for line in response.iter_lines():
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        for delta in reader.deltas(_CHUNK.decode(data)):
+                            yield delta
+        except LlmContextOverflowError as exc:
+            sent = sum(estimate_tokens(json.dumps(m.get("content"))) + 8
+                       for m in self.messages) + (limit or 0)
+            self._llm.learn_overflow(exc, sent)
+            raise
         if not reader.finished:
             log.warning("the LLM stream from %s ended without a finish_reason", self._llm.endpoint)
             for delta in reader.finish(None):
                 yield delta
         self.messages.append(reader.message())
 
-    def _request(self) -> dict[str, Any]:
+    def _request(self, max_output_tokens: int | None) -> dict[str, Any]:
         """The keyword arguments of this round's ``chat.completions.create``."""
         kwargs: dict[str, Any] = {
             "model": self._llm.model,
@@ -250,6 +304,8 @@ class OpenAiConversation:
         }
         if self.tools:
             kwargs["tools"] = self.tools
+        if max_output_tokens is not None:
+            kwargs["max_completion_tokens"] = max_output_tokens
         return kwargs
 
 
@@ -335,6 +391,10 @@ def error_table(endpoint: str) -> ErrorTable:
         text = f"the LLM endpoint {endpoint} answered HTTP {exc.status_code}: {_server_message(exc)}"
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
             return LlmAuthError(text)
+        message = _server_message(exc)
+        if exc.status_code in (400, 413) and _is_overflow(exc, message):
+            return LlmContextOverflowError(text, window=_window_of(exc, message),
+                                           tokens=tokens_from_text(message))
         return LlmResponseError(text)
 
     def api_error(exc: Exception) -> LlmError:
@@ -367,6 +427,22 @@ def error_table(endpoint: str) -> ErrorTable:
         KeyError: malformed,
         msgspec.MsgspecError: malformed,
     }
+
+
+def _is_overflow(exc: openai.APIError, message: str) -> bool:
+    """An HTTP 400 saying the prompt does not fit: OpenAI's ``context_length_exceeded`` code,
+    llama.cpp's ``exceed_context_size_error`` type, or the usual wordings."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    marks = (str(body.get("code") or ""), str(body.get("type") or ""), message)
+    return any(is_overflow_text(mark) for mark in marks if mark)
+
+
+def _window_of(exc: openai.APIError, message: str) -> int | None:
+    body = exc.body if isinstance(exc.body, dict) else {}
+    n_ctx = body.get("n_ctx")  # llama.cpp
+    if isinstance(n_ctx, int) and n_ctx > 0:
+        return n_ctx
+    return window_from_text(message)
 
 
 def _server_message(exc: openai.APIError) -> str:

@@ -81,6 +81,9 @@ class FinishTurn(Op, frozen=True, kw_only=True):
     item: WorkingItem | None = None
     interrupted: bool = False
     error: tuple[str, Error] | None = None
+    #: remove the working-memory items with order_idx >= this (a turn too big for the context
+    #: window leaves nothing for the model to see; the journal keeps it)
+    forget_from: int | None = None
 
 
 class Compact(Op, frozen=True, kw_only=True):

@@ -428,6 +428,9 @@ def _finish_turn(conn: sqlite3.Connection, tx: _Tx, op: ops.FinishTurn) -> list[
         _emit(conn, tx, record.seq, op.conversation_id, ErrorEvent(record=record),
               kind="conversation")
         out.append(record)
+    if op.forget_from is not None:
+        conn.execute("DELETE FROM working_memory WHERE conversation_id=? AND order_idx >= ?",
+                     (op.conversation_id, op.forget_from))
     if op.turn_id is not None:
         conn.execute("DELETE FROM turn WHERE id=?", (op.turn_id,))
     _touch(conn, tx, op.conversation_id)

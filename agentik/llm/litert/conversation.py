@@ -14,11 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from agentik.errors import LlmConnectionError, LlmError, LlmResponseError
+from agentik.errors import (
+    LlmConnectionError,
+    LlmContextOverflowError,
+    LlmError,
+    LlmResponseError,
+)
 from agentik.llm.base import FinishDelta, LlmDelta, ToolSpec, UsageDelta
 from agentik.llm.boundary import ErrorTable, map_exceptions
 from agentik.llm.litert.format import ChunkParser, Message, tool_response, user_message
-from agentik.llm.litert.round import STOP_TIMEOUT, Round, RoundFailed
+from agentik.llm.litert.round import STOP_TIMEOUT, Round, RoundFailed, RoundResult
 from agentik.wire import Content
 
 if TYPE_CHECKING:
@@ -149,12 +154,15 @@ class LiteRtConversation:
             raise LlmResponseError("nothing to send: no new message and no tool results")
 
     async def send_stream(
-        self, content: Sequence[Content] | None
+        self, content: Sequence[Content] | None, *, max_output_tokens: int | None = None
     ) -> AsyncGenerator[LlmDelta, None]:
         """Stream one round; see :meth:`agentik.llm.base.LiteConversation.send_stream`.
 
-        Waits for a free slot of the backend's limiter first. Raises LlmResponseError (closed
-        conversation, a round already running, an engine failure, a full context window),
+        Generates at most ``max_output_tokens`` (None: the backend's default budget); a round
+        cut by that budget or by the window ends with ``FinishDelta("length")``. Usage is the
+        engine's exact count. Waits for a free slot of the backend's limiter first. Raises
+        LlmContextOverflowError (the message does not fit the window: nothing was generated),
+        LlmResponseError (closed conversation, a round already running, an engine failure),
         LlmConnectionError (backend closed) or trio.Cancelled. Consume it with
         ``contextlib.aclosing``: leaving early cancels the engine's generation and waits for its
         thread before returning.
@@ -171,7 +179,9 @@ class LiteRtConversation:
         generation: Round | None = None
         completed = False
         try:
-            generation = await self._start_round(content)
+            limit = (max_output_tokens if max_output_tokens is not None
+                     else self._llm.output_budget())
+            generation = await self._start_round(content, limit)
             parser = ChunkParser()
             with map_exceptions(self._round_errors()):
                 while (batch := await generation.next_batch()) is not None:
@@ -180,16 +190,17 @@ class LiteRtConversation:
                             yield delta
             if generation.cancelled.is_set():
                 raise LlmResponseError("the round was stopped: the conversation was closed")
-            assert generation.totals is not None
-            _, after, chunks = generation.totals
+            counts = generation.totals
+            assert counts is not None
             self.messages.append(parser.assistant_message())
             completed = True
-            yield UsageDelta(prompt_tokens=max(after - chunks, 0), completion_tokens=chunks)
-            yield FinishDelta(self._finish_reason(parser, chunks, after))
+            yield UsageDelta(prompt_tokens=counts.prompt_tokens,
+                             completion_tokens=counts.completion_tokens)
+            yield FinishDelta(self._finish_reason(parser, counts, limit))
         finally:
             await self._end_round(generation, completed, borrower)
 
-    async def _start_round(self, content: Sequence[Content] | None) -> Round:
+    async def _start_round(self, content: Sequence[Content] | None, limit: int | None) -> Round:
         """With the limiter's slot held: the round's message into the history, the engine
         conversation (re)built if needed, the generation started."""
         if self._closed:
@@ -206,7 +217,7 @@ class LiteRtConversation:
             # part of the history from now on, whatever happens, like a request once sent
             self.messages.append(message)
         generation = Round(engine_conv, message, self._llm.context_window,
-                           getattr(self._llm.engine, "tokenize", None))
+                           getattr(self._llm.engine, "tokenize", None), limit)
         self.generation = self.last_round = generation
         generation.start()
         return generation
@@ -232,9 +243,10 @@ class LiteRtConversation:
         def round_failed(exc: Exception) -> LlmError:
             assert isinstance(exc, RoundFailed)
             if exc.window_full:
-                return LlmResponseError(
-                    f"the model's context window ({window} tokens) is full: "
-                    f"the conversation must be compacted or shortened ({exc})"
+                size = f" ({exc.tokens} tokens)" if exc.tokens else ""
+                return LlmContextOverflowError(
+                    f"the prompt{size} does not fit the model's context window ({window} tokens)",
+                    window=window, tokens=exc.tokens,
                 )
             if exc.error is None:
                 return LlmResponseError("the LiteRT-LM engine took no input and answered nothing")
@@ -245,11 +257,14 @@ class LiteRtConversation:
 
         return {RoundFailed: round_failed, Exception: failed}
 
-    def _finish_reason(self, parser: ChunkParser, chunks: int, tokens: int) -> str:
+    def _finish_reason(
+        self, parser: ChunkParser, counts: RoundResult, limit: int | None
+    ) -> str:
         if parser.calls:
             return "tool_calls"
-        limit = self._llm.max_output_tokens
         window = self._llm.context_window
-        if (limit is not None and chunks >= limit) or (window is not None and tokens >= window):
+        if (limit is not None and counts.completion_tokens >= limit) or (
+            window is not None and counts.total_tokens >= window
+        ):
             return "length"
         return "stop"

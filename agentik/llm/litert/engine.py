@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from agentik.context import estimate_item, item_text, output_budget
 from agentik.errors import ConfigError, LlmConnectionError, LlmError, LlmResponseError
 from agentik.llm.base import ToolSpec
 from agentik.llm.boundary import ErrorTable, map_exceptions
 from agentik.llm.litert.conversation import LiteRtConversation
-from agentik.llm.litert.format import history_to_messages
+from agentik.llm.litert.format import Message, history_to_messages
 from agentik.wire import WorkingItem
 
 if TYPE_CHECKING:
@@ -46,12 +47,15 @@ class LiteRtLlm:
 
     Constructing it does not touch the model; the engine loads on the first :meth:`open` (or
     :meth:`load`). ``temperature``/``top_k``/``top_p``/``seed`` build the engine's sampler (all
-    None: the model's defaults); ``max_output_tokens`` caps one round (None: until the model stops
-    or the context window is full).
+    None: the model's defaults); ``max_output_tokens`` is the default output budget of a round
+    (None: a quarter of the window, see :func:`agentik.context.output_budget`); a round may ask
+    for another.
     """
 
     #: the engine is created for text only (no vision backend): images are dropped
     supports_images = False
+    #: count_tokens uses the model's own tokenizer and chat template
+    exact_tokens = True
 
     def __init__(
         self,
@@ -96,6 +100,8 @@ class LiteRtLlm:
         #: worker threads; never taken on the event loop, never held while generating
         self._engine_lock = threading.Lock()
         self._conversations: set[LiteRtConversation] = set()
+        #: chat-template tokens (per message, once per prompt), measured on load
+        self._template_tokens = (8, 4)
         _LIVE.add(self)
 
     @classmethod
@@ -131,7 +137,7 @@ class LiteRtLlm:
             raise ConfigError(
                 "AGENTIK_LITERT_MAX_CONCURRENCY", f"must be >= 1, got {concurrency}"
             )
-        max_output = cfg.litert_max_output_tokens or None
+        max_output = cfg.litert_max_output_tokens or cfg.max_output_tokens or None
         return cls(
             path,
             threads=threads,
@@ -189,6 +195,7 @@ class LiteRtLlm:
                 if not info.is_llm_model:
                     raise LlmConnectionError(f"{self.model_path} is not a LiteRT-LM text model")
                 window = int(info.max_context_tokens or 0) or None
+                dynamic = bool(info.is_dynamic_context)
                 function_calling = bool(info.llm.supports_function_calling())
             engine = litert_lm.Engine(
                 self.model_path,
@@ -196,11 +203,58 @@ class LiteRtLlm:
                 cache_dir=self.cache_dir,
             )
         self.supports_tools = function_calling
-        if self._configured_window is None:
+        configured = self._configured_window
+        if configured is None or (window is not None and configured > window and not dynamic):
+            if configured is not None:
+                log.warning("AGENTIK_CONTEXT_WINDOW=%d is larger than the model's context window "
+                            "(%d tokens): using %d", configured, window, window)
             self.context_window = window
+        else:
+            self.context_window = configured
+        try:
+            self._measure_template(engine)
+        except Exception:  # keep the defaults: counts are then a little high, never low
+            log.debug("measuring the chat template's tokens failed", exc_info=True)
         self._engine = engine
         log.info("loaded LiteRT-LM model %s (context %s tokens, function calling %s)",
                  self.model_path, window, function_calling)
+
+    def _measure_template(self, engine: Any) -> None:
+        """Worker thread: how many tokens the chat template adds per message and once per
+        prompt (the generation prompt), by rendering one and two short messages."""
+        def rendered(history: list[Message]) -> int:
+            with engine.create_conversation(messages=history or None,
+                                            automatic_tool_calling=False) as conv:
+                return len(engine.tokenize(conv.render_message_to_string(_probe())))
+
+        text = len(engine.tokenize(_PROBE_TEXT))
+        one = rendered([])
+        two = rendered([_probe()])
+        per_message = two - one
+        self._template_tokens = (max(0, per_message - text), max(0, one - per_message) + 1)
+
+    def output_budget(self) -> int | None:
+        """The output budget of a round: AGENTIK_LITERT_MAX_OUTPUT_TOKENS, else the default
+        share of the window (see :func:`agentik.context.output_budget`)."""
+        return output_budget(self.context_window, self.max_output_tokens)
+
+    async def count_tokens(self, items: Sequence[WorkingItem]) -> list[int]:
+        """Tokens each item takes, with the model's tokenizer (in a worker thread): its text
+        plus the chat template's tokens per message; the first item also carries the
+        once-per-prompt tokens (BOS, the generation prompt). Before the engine is loaded:
+        the estimate."""
+        engine = self._engine
+        if engine is None:
+            return [estimate_item(item, images=self.supports_images) for item in items]
+        per_message, once = self._template_tokens
+
+        def count() -> list[int]:
+            counts = [len(engine.tokenize(item_text(item))) + per_message for item in items]
+            if counts:
+                counts[0] += once
+            return counts
+
+        return await trio.to_thread.run_sync(count)
 
     async def open(
         self, history: Sequence[WorkingItem], tools: Sequence[ToolSpec]
@@ -280,8 +334,6 @@ class LiteRtLlm:
         sampler = {k: v for k, v in self._sampler.items() if v is not None}
         if sampler:
             kwargs["sampler_config"] = litert_lm.SamplerConfig(**sampler)
-        if self.max_output_tokens is not None:
-            kwargs["max_output_tokens"] = self.max_output_tokens
         with self._engine_lock:
             if self._engine is None or self._closed:
                 raise LlmConnectionError("the LiteRT-LM backend is closed")
@@ -317,6 +369,13 @@ def _close_all_at_exit() -> None:
                 llm._close_engine_sync()
             except Exception:  # never raise at exit
                 log.debug("closing a LiteRT-LM engine at exit failed", exc_info=True)
+
+
+_PROBE_TEXT = "Hello there."
+
+
+def _probe() -> Message:
+    return {"role": "user", "content": [{"type": "text", "text": _PROBE_TEXT}]}
 
 
 def _described_tool(litert_lm: Any, spec: ToolSpec) -> Any:

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import outcome
 import trio
 
+from agentik.context import is_overflow_text, tokens_from_text
 from agentik.llm.litert.format import Message, message_text
 
-__all__ = ["STOP_TIMEOUT", "Round", "RoundFailed"]
+__all__ = ["STOP_TIMEOUT", "Round", "RoundFailed", "RoundResult"]
 
 #: how long a cancelled round may take to stop its engine thread before we give up waiting
 #: (cancel_process() stops decoding within milliseconds; this only bounds a stuck engine)
@@ -28,12 +30,29 @@ STOP_TIMEOUT = 30.0
 
 class RoundFailed(Exception):
     """A round failed in the engine (``error`` None: it took no input); ``window_full`` says
-    whether the context window was the cause."""
+    whether the context window was the cause, ``tokens`` the prompt's size when known."""
 
-    def __init__(self, error: Exception | None, window_full: bool) -> None:
+    def __init__(
+        self, error: Exception | None, window_full: bool, tokens: int | None = None
+    ) -> None:
         super().__init__(str(error) if error is not None else "the engine took no input")
         self.error = error
         self.window_full = window_full
+        self.tokens = tokens
+
+
+class RoundResult(NamedTuple):
+    """What a finished round used, exactly, from the engine's own counts."""
+
+    #: tokens in the context before generation (history + this round's message)
+    prompt_tokens: int
+    #: tokens generated
+    completion_tokens: int
+    #: tokens in the context after the round
+    total_tokens: int
+    chunks: int
+    #: seconds from the start of the round to the first chunk (prefill, mostly)
+    first_chunk_s: float | None
 
 
 class Round:
@@ -41,8 +60,8 @@ class Round:
 
     The thread iterates ``send_message_async`` and hands the chunks (message dicts) to the event
     loop with ``run_sync_soon``, coalesced: while a batch waits for the loop, new chunks join it
-    rather than each costing a wake-up. Its result ``(tokens_before, tokens_after, chunks)`` or
-    its exception follows as the last item. :meth:`stop` cancels it and waits for the thread.
+    rather than each costing a wake-up. Its :class:`RoundResult` or its exception follows as the
+    last item. :meth:`stop` cancels it and waits for the thread.
     """
 
     def __init__(
@@ -51,11 +70,15 @@ class Round:
         message: Message,
         window: int | None = None,
         tokenize: Callable[[str], list[int]] | None = None,
+        max_output_tokens: int | None = None,
     ) -> None:
         self.engine_conv = engine_conv
         self.message = message
         self.window = window
         self.tokenize = tokenize
+        self.max_output_tokens = max_output_tokens
+        #: tokens this round's message adds to the context (known before sending)
+        self.new_tokens: int | None = None
         self.token = trio.lowlevel.current_trio_token()
         self.send, self.recv = trio.open_memory_channel[tuple[str, Any]](math.inf)
         self.done = trio.Event()
@@ -63,13 +86,13 @@ class Round:
         #: chunks the engine produced, also those drained after a cancel (for tests)
         self.chunks = 0
         #: the thread's result once it has ended without error
-        self.totals: tuple[int, int, int] | None = None
+        self.totals: RoundResult | None = None
         self._batch: list[dict[str, Any]] = []
         self._batch_lock = threading.Lock()  # held for a list swap only
 
     async def next_batch(self) -> list[dict[str, Any]] | None:
         """Event loop: the next chunks the engine produced, or None once the thread has ended
-        (then ``totals`` holds its ``(tokens_before, tokens_after, chunks)``). Raises what the
+        (then ``totals`` holds its :class:`RoundResult`). Raises what the
         thread raised (:class:`RoundFailed`)."""
         kind, payload = await self.recv.receive()
         if kind == "chunks":
@@ -81,13 +104,33 @@ class Round:
     def start(self) -> None:
         trio.lowlevel.start_thread_soon(self._run, self._deliver, name="agentik-litert-round")
 
-    def _run(self) -> tuple[int, int, int]:
-        """Worker thread. Returns ``(tokens_before, tokens_after, chunks)``; raises
-        :class:`RoundFailed`."""
+    def _run(self) -> RoundResult:
+        """Worker thread. Returns the round's exact token counts; raises :class:`RoundFailed`
+        (``window_full`` before anything is sent when the message cannot fit: the engine would
+        refuse it with INVALID_ARGUMENT and be unusable afterwards)."""
         conv = self.engine_conv
+        start = time.perf_counter()
+        first_chunk: float | None = None
         before = int(conv.token_count)
+        prompt: int | None = None
+        if self.tokenize is not None:
+            try:
+                # what the engine will prefill: the message rendered by the chat template (with
+                # the pending seeded history on a new engine conversation), plus BOS if empty
+                rendered = conv.render_message_to_string(self.message)
+                self.new_tokens = len(self.tokenize(rendered)) + (1 if before == 0 else 0)
+                prompt = before + self.new_tokens
+            except Exception:
+                prompt = None
+        if prompt is not None and self.window is not None and prompt >= self.window:
+            raise RoundFailed(None, True, prompt)
+        kwargs: dict[str, Any] = {}
+        if self.max_output_tokens is not None:
+            kwargs["max_output_tokens"] = self.max_output_tokens
         try:
-            for msg in conv.send_message_async(self.message):
+            for msg in conv.send_message_async(self.message, **kwargs):
+                if first_chunk is None:
+                    first_chunk = time.perf_counter() - start
                 self.chunks += 1
                 if self.cancelled.is_set():
                     # Drain: the C++ side is still feeding the queue until it acknowledges the
@@ -95,12 +138,15 @@ class Round:
                     continue
                 self._post(dict(msg) if isinstance(msg, Mapping) else {"content": str(msg)})
         except Exception as exc:
-            raise RoundFailed(exc, self._window_full()) from exc
+            full = self._window_full() or is_overflow_text(str(exc))
+            raise RoundFailed(exc, full, prompt or tokens_from_text(str(exc))) from exc
         after = int(conv.token_count)
         if self.chunks == 0 and after <= before and not self.cancelled.is_set():
             # The library swallows "Max number of tokens reached": a silent empty round.
-            raise RoundFailed(None, self._window_full())
-        return before, after, self.chunks
+            raise RoundFailed(None, self._window_full(), prompt)
+        if prompt is None or prompt > after:
+            prompt = max(after - self.chunks, 0)  # no tokenizer: chunks are about tokens
+        return RoundResult(prompt, after - prompt, after, self.chunks, first_chunk)
 
     def _window_full(self) -> bool:
         """Worker thread: whether the tokens in use plus this message exceed the window (the
@@ -138,7 +184,7 @@ class Round:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
-    def _deliver(self, result: outcome.Outcome[tuple[int, int, int]]) -> None:
+    def _deliver(self, result: outcome.Outcome[RoundResult]) -> None:
         """Worker thread, after ``_run``: hand the result over and mark the thread done."""
 
         def finish() -> None:
