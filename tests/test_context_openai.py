@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from agentik import Config, open_runtime
-from agentik.actors.turn import SUMMARY_PROMPT
+from agentik.actors.compaction import SUMMARY_PROMPT
 from agentik.context import estimate_tokens
 from agentik.llm.openai import OpenAiLlm
 from agentik.storage import ops
