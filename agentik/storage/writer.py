@@ -9,19 +9,19 @@ acknowledged to nobody.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import sqlite3
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any, assert_never
+from typing import Any, assert_never
 
 import msgspec
 
 from agentik.errors import AgentikError, ConflictError, NotFoundError, StorageError
 from agentik.storage import ops
+from agentik.storage.dblock import lock_database
 from agentik.storage.schema import migrate
 from agentik.wire import (
     AgentEvent,
@@ -97,26 +97,6 @@ def open_connection(path: str, *, synchronous: str = "FULL", readonly: bool = Fa
     return conn
 
 
-def _lock_database(path: str) -> IO[bytes]:
-    """Take an exclusive lock on ``PATH.lock`` for the life of the writer: two runtimes on one
-    database would each run their own counter and break the cursor protocol (e.g.
-    ``hypercorn -w 2``). The OS drops the lock when the process dies, even by SIGKILL. Raises
-    StorageError when another process holds it."""
-    try:
-        lock = open(path + ".lock", "ab")
-    except OSError as exc:
-        raise StorageError(f"cannot open database {path!r}: {exc}") from exc
-    try:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.close()
-        raise StorageError(
-            f"database {path!r} is in use by another agentik process (one runtime per database: "
-            "run a single hypercorn worker)"
-        ) from None
-    return lock
-
-
 class Writer:
     """Owns the single writer connection. Constructed in a worker thread; raises StorageError."""
 
@@ -133,7 +113,7 @@ class Writer:
         self.clock = clock
         self.outbox_cap = outbox_cap
         self.outbox_ttl = outbox_ttl
-        self._lock = _lock_database(path)
+        self._lock = lock_database(path)
         try:
             self.conn = open_connection(path, synchronous=synchronous)
             migrate(self.conn)
@@ -141,7 +121,7 @@ class Writer:
             self.next_seq = int(self._meta("next_seq"))
             self.oldest = self._oldest(self.next_seq)
         except sqlite3.Error as exc:
-            self._lock.close()
+            self._lock.release()
             raise StorageError(f"cannot open database {path!r}: {exc}") from exc
 
     def _meta(self, key: str) -> str:
@@ -160,7 +140,7 @@ class Writer:
         except sqlite3.Error:  # pragma: no cover - closing never matters more than the cause
             log.exception("closing the writer connection failed")
         finally:
-            self._lock.close()
+            self._lock.release()
 
     def commit_batch(self, batch: list[ops.AnyOp]) -> BatchResult:
         """Apply ``batch`` in one transaction. Raises StorageError if nothing was committed."""
