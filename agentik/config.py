@@ -71,6 +71,9 @@ class Config:
     #: seconds an idle keep-alive HTTP connection is kept open (``agentik serve``; hypercorn's
     #: ``keep_alive_timeout``)
     keep_alive_timeout: float = 5.0
+    #: the A2A agent card's name and description (SPEC §11)
+    agent_name: str = "agentik"
+    agent_description: str = "An agentik agent: conversations with an LLM and its MCP tools"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -120,6 +123,8 @@ class Config:
         get("AGENTIK_RESTART_PERIOD", "restart_period", _positive_float)
         get("AGENTIK_MAX_BODY_BYTES", "max_body_bytes", _positive_int)
         get("AGENTIK_KEEP_ALIVE_TIMEOUT", "keep_alive_timeout", _positive_float)
+        get("AGENTIK_AGENT_NAME", "agent_name", _non_empty)
+        get("AGENTIK_AGENT_DESCRIPTION", "agent_description", _non_empty)
         return cls(**kw)
 
     def replace(self, **changes: Any) -> Config:
@@ -131,6 +136,12 @@ def _port(raw: str) -> int:
     if not 0 <= value <= 65535:
         raise ValueError("must be 0..65535")
     return value
+
+
+def _non_empty(raw: str) -> str:
+    if not raw.strip():
+        raise ValueError("must not be empty")
+    return raw.strip()
 
 
 def _positive_int(raw: str) -> int:

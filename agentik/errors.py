@@ -44,6 +44,8 @@ in-process agent catches the same classes over HTTP::
      │               model's context window (the turn compacts and retries once)
      ├── ToolError                 502 tool        a tool call failed (error, exception, timeout)
      │     raised by: agentik.tools; caught by the turn (a ToolFailed event)
+     ├── A2AError                  (A2A only) an A2A JSON-RPC error: ``rpc_code``, ErrorInfo ``reason``
+     │     raised by: agentik.a2a (answered as a JSON-RPC error object, HTTP 200)
      ├── AgentikConnectionError    (client only; also a builtin ConnectionError) no answer at all:
      │     raised by: agentik.client   refused, reset, timed out, a stream cut in the middle
      └── ServerError               (client only) an HTTP answer the protocol does not define
@@ -266,3 +268,16 @@ def error_class(status: int, code: str) -> type[AgentikError] | None:
     if row is None or row.status != status:
         row = _BY_STATUS.get(status)
     return None if row is None else row.error
+
+
+class A2AError(AgentikError):
+    """An error the A2A facade answers as a JSON-RPC error object: ``rpc_code`` (-32001..-32099
+    for A2A's own errors, -32600..-32700 for JSON-RPC's) and, for A2A's own, the ErrorInfo
+    ``reason`` (``TASK_NOT_FOUND``, ...). The codes are named in :mod:`agentik.a2a.errors`."""
+
+    code = "a2a"
+
+    def __init__(self, rpc_code: int, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.rpc_code = rpc_code
+        self.reason = reason

@@ -59,6 +59,10 @@ class WebState:
     exit_after_stop: bool = False
     open_streams: int = 0
     _streams_changed: trio.Event = field(default_factory=trio.Event)
+    #: services that run beside the routes for as long as the runtime is open (the A2A
+    #: facade): each is ``await nursery.start(service, agent)``-ed once the runtime is up, and
+    #: cancelled before the runtime closes
+    services: list[Callable[..., Any]] = field(default_factory=list)
 
     def require_agent(self) -> LocalAgent:
         """The running agent. Raises RuntimeClosedError (503) before start-up or after shutdown."""

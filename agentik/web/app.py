@@ -19,6 +19,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from agentik.a2a import runtime as a2a_web
 from agentik.config import Config
 from agentik.errors import AgentikError
 from agentik.web import auth, lifespan, process
@@ -91,6 +92,7 @@ def create_app(
     app.register_blueprint(http_bp)
     app.register_blueprint(sse_bp)
     app.register_blueprint(ws_bp)
+    a2a_web.mount_agentik(app, st, heartbeat=heartbeat)
 
     @app.before_serving
     async def _startup() -> None:
@@ -111,7 +113,7 @@ def create_app(
 async def _before_request() -> Response | None:
     """Auth for every route but ``/healthz``."""
     g.agentik_started = time.perf_counter()
-    if request.path == "/healthz":
+    if request.path == "/healthz" or request.endpoint in auth.PUBLIC_ENDPOINTS:
         return None
     st = state()
     if st.config is None:

@@ -70,3 +70,6 @@ QUERY_TOKEN_ENDPOINTS = frozenset({
     "agentik_sse.live",
     "agentik_ws.ws",
 })
+
+#: endpoints open to everyone even with auth on (the A2A agent card, SPEC §11)
+PUBLIC_ENDPOINTS = frozenset({"agentik_a2a.agent_card"})

@@ -59,9 +59,11 @@ async def hold_runtime(
     try:
         async with open_runtime(config, llm=st.llm, tools=st.tools) as agent:
             st.agent = agent
-            st.runtime_started = True
-            task_status.started()
             async with trio.open_nursery() as nursery:
+                for service in st.services:
+                    await nursery.start(service, agent)
+                st.runtime_started = True
+                task_status.started()
                 if process.should_watch_sigterm(st):
                     nursery.start_soon(process.watch_sigterm, st)
                 await st.stop_requested.wait()

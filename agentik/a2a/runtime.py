@@ -1,0 +1,356 @@
+"""agentik's A2A executor: each task is one conversation turn, through the public Agent API.
+
+- A ``contextId`` is one conversation: the first message of a context creates one (titled
+  ``A2A <contextId>``), later ones use the conversation the context's latest task used, so any
+  client-chosen ``contextId`` works and the exchange is an ordinary conversation over
+  ``/agentik`` too. A deleted conversation gives the context a new one.
+- The message is sent like any other (``conversation.send``: a busy conversation queues it).
+  The turn's events become the task's: ``Working`` of the turn -> WORKING; streamed text ->
+  ``artifactUpdate`` chunks (``append``) of one text artifact, coalesced while a write is in
+  flight; a tool call -> a WORKING status update naming the tool; the answer -> the last chunk
+  (what the stream had not carried yet) and COMPLETED with the answer as the status message;
+  ``Error`` -> FAILED with its message; ``Interrupted`` -> CANCELED (the partial answer stays in
+  the conversation and in the artifact).
+- ``cancel`` interrupts the conversation only while this task's own turn runs; a task whose
+  message still waits in the mailbox is cancelled by the facade (its turn will still run).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from agentik.a2a import errors as e
+from agentik.a2a.executor import RequestContext, TaskUpdater
+from agentik.a2a.service import A2AService
+from agentik.a2a.store import TaskStore
+from agentik.a2a.types import Part
+from agentik.a2a.web import A2AMount, CardInfo, mount, skills_of
+from agentik.errors import AgentikError, MailboxFullError, NotFoundError
+from agentik.wire import (
+    AppendText,
+    AssistantMessageEvent,
+    Content,
+    ConversationClosing,
+    Cursor,
+    End,
+    ErrorEvent,
+    Image,
+    Interrupted,
+    MessageContext,
+    MessageOrigin,
+    Text,
+    ToolCall,
+    ToolCallEvent,
+    Working,
+)
+
+if TYPE_CHECKING:
+    from quart import Quart
+
+    from agentik.agent import LocalAgent
+    from agentik.web._state import WebState
+
+log = logging.getLogger("agentik.a2a")
+
+#: online text chunks the executor may hold while a chunk is being stored (more are dropped from
+#: the stream; the answer's last chunk then carries them)
+CHUNK_BUFFER = 1024
+
+
+def to_content(parts: Sequence[Part]) -> list[Content]:
+    """A2A parts as agentik content: text as is, images as images, data as JSON text, a URL or
+    another file as a line naming it."""
+    content: list[Content] = []
+    for part in parts:
+        if part.text is not None:
+            content.append(Text(body=part.text))
+        elif part.raw is not None and (part.media_type or "").startswith("image/"):
+            content.append(Image(data=base64.b64encode(part.raw).decode(),
+                                 mime=part.media_type or "image/png"))
+        elif part.raw is not None:
+            content.append(Text(body=f"[file {part.filename or 'unnamed'} "
+                                     f"({part.media_type or 'bytes'}, {len(part.raw)} bytes)]"))
+        elif part.url is not None:
+            content.append(Text(body=f"[file {part.filename or ''} at {part.url}]".replace("  ", " ")))
+        else:
+            content.append(Text(body=json.dumps(part.data, ensure_ascii=False)))
+    return content
+
+
+def _text_of(content: Sequence[Content]) -> str:
+    return "".join(c.body for c in content if isinstance(c, Text))
+
+
+class _Turn:
+    """What one execution knows about its turn."""
+
+    def __init__(self) -> None:
+        self.turn_id: str | None = None
+        self.known = trio.Event()
+        self.running = False
+        self.artifact_id: str | None = None
+        self.sent = ""  # text already streamed as chunks
+
+
+class _Online:
+    """The online side of one execution (live text -> chunks): stopped before the answer is
+    stored, and waited for, so no chunk is stored after the final one."""
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        await self.done.wait()
+
+
+class AgentikExecutor:
+    def __init__(self, agent: LocalAgent) -> None:
+        self.agent = agent
+        self._turns: dict[str, _Turn] = {}
+
+    async def conversation(self, context_id: str, previous: str | None) -> str | None:
+        if previous is not None and await self.agent.get_conversation(previous) is not None:
+            return previous
+        conversation = await self.agent.create_conversation(title=f"A2A {context_id}")
+        return conversation.id
+
+    async def cancel(self, request: RequestContext, updater: TaskUpdater) -> bool:
+        turn = self._turns.get(request.task_id)
+        if turn is None or not turn.running or request.conversation_id is None:
+            return False
+        return await self.agent.interrupt(request.conversation_id)
+
+    async def execute(self, request: RequestContext, updater: TaskUpdater) -> None:
+        cid = request.conversation_id
+        if cid is None:
+            raise e.error(e.INTERNAL_ERROR, "the context has no conversation")
+        conversation = await self.agent.get_conversation(cid)
+        if conversation is None:
+            raise e.error(e.INTERNAL_ERROR, f"the context's conversation {cid!r} is gone")
+        context = MessageContext(
+            origin=MessageOrigin(kind="agent", id=request.context_id),
+            metadata={"a2a_context_id": request.context_id, "a2a_task_id": request.task_id,
+                      "a2a_message_id": request.message.message_id},
+        )
+        turn = _Turn()
+        self._turns[request.task_id] = turn
+        online = _Online()
+        try:
+            cursor = await self.agent.outbox.current_cursor()
+            async with trio.open_nursery() as nursery:
+                # Subscribed before the send, so the turn's first online event cannot be missed.
+                await nursery.start(self._online_side, cid, turn, updater, online)
+                try:
+                    turn.turn_id = await conversation.send(to_content(request.message.parts), context)
+                except MailboxFullError as exc:
+                    raise e.error(e.INTERNAL_ERROR, f"the conversation is busy: {exc}") from None
+                except NotFoundError as exc:
+                    raise e.error(e.INTERNAL_ERROR, str(exc)) from None
+                turn.known.set()
+                try:
+                    await self._watch_durable(cid, cursor, turn, updater, online)
+                finally:
+                    online.scope.cancel()
+        finally:
+            self._turns.pop(request.task_id, None)
+
+    async def _online_side(
+        self, cid: str, turn: _Turn, updater: TaskUpdater, online: _Online,
+        *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            with online.scope:
+                async with trio.open_nursery() as nursery:
+                    send, recv = trio.open_memory_channel[tuple[str | None, str | None]](
+                        CHUNK_BUFFER)
+                    await nursery.start(self._watch_online, cid, send)
+                    nursery.start_soon(self._stream_chunks, turn, recv, updater)
+                    task_status.started()
+        finally:
+            online.done.set()
+
+    async def _watch_online(
+        self,
+        cid: str,
+        send: trio.MemorySendChannel[tuple[str | None, str | None]],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Feed (turn id, text) pairs: (turn, None) when a turn starts, (turn, text) for its
+        streamed text. Online events carry no turn id except Working/End: the text between them
+        is that turn's (turns run one at a time)."""
+        current: str | None = None
+        events = self.agent.online_outbox.online_events(cid)
+        task_status.started()
+        async with send:
+            async for ce in events:
+                event = ce.event
+                try:
+                    if isinstance(event, Working):
+                        current = event.turn_id
+                        send.send_nowait((current, None))
+                    elif isinstance(event, End):
+                        current = None
+                    elif isinstance(event, AppendText) and current is not None:
+                        send.send_nowait((current, event.text))
+                except trio.WouldBlock:
+                    pass  # the answer's last chunk carries what is dropped here
+
+    async def _stream_chunks(
+        self,
+        turn: _Turn,
+        recv: trio.MemoryReceiveChannel[tuple[str | None, str | None]],
+        updater: TaskUpdater,
+    ) -> None:
+        """Store the turn's text as artifact chunks: everything queued while one chunk is being
+        stored goes out as the next one. Each store is shielded, so a cancel lands only between
+        stores (the execution's view of what was sent stays exact)."""
+        await turn.known.wait()
+        async with recv:
+            async for first in recv:
+                batch = [first]
+                while True:
+                    try:
+                        batch.append(recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                mine = [text for turn_id, text in batch if turn_id == turn.turn_id]
+                with trio.CancelScope(shield=True):
+                    if mine and not turn.running:
+                        turn.running = True
+                        await updater.start()
+                    text = "".join(t for t in mine if t)
+                    if text:
+                        await self._chunk(turn, updater, text, last=False)
+
+    async def _chunk(self, turn: _Turn, updater: TaskUpdater, text: str, *, last: bool) -> None:
+        turn.artifact_id = await updater.add_artifact(
+            [Part(text=text)], artifact_id=turn.artifact_id, name="answer",
+            append=turn.artifact_id is not None, last_chunk=last,
+        )
+        turn.sent += text
+
+    async def _final_text(self, turn: _Turn, updater: TaskUpdater, answer: str) -> None:
+        """The artifact ends holding exactly ``answer``: the part the chunks did not carry yet as
+        the last chunk, or the whole answer if the chunks went astray."""
+        if answer.startswith(turn.sent):
+            rest = answer[len(turn.sent):]
+            if rest or turn.artifact_id is not None:
+                await self._chunk(turn, updater, rest, last=True)
+            return
+        turn.artifact_id = await updater.add_artifact(
+            [Part(text=answer)], artifact_id=turn.artifact_id, name="answer", append=False,
+            last_chunk=True,
+        )
+        turn.sent = answer
+
+    async def _watch_durable(
+        self, cid: str, cursor: Cursor, turn: _Turn, updater: TaskUpdater, online: _Online
+    ) -> None:
+        partial: str | None = None
+        events = self.agent.outbox.conversation_events(cursor, cid)
+        async for ce in events:
+            event = ce.event
+            if isinstance(event, ToolCallEvent) and isinstance(event.record.message, ToolCall):
+                call = event.record.message
+                if call.turn_id == turn.turn_id:
+                    turn.running = True
+                    message = updater.agent_message([Part(text=f"Calling tool {call.name}")])
+                    message.metadata = {"agentik": {"toolCall": {
+                        "callId": call.call_id, "name": call.name, "arguments": call.arguments}}}
+                    await updater.working(message)
+            elif isinstance(event, AssistantMessageEvent):
+                answer = event.record.message
+                if getattr(answer, "turn_id", None) != turn.turn_id:
+                    continue
+                text = _text_of(getattr(answer, "content", []))
+                if getattr(answer, "interrupted", False):
+                    partial = text  # Interrupted or Error follows in the same commit
+                    continue
+                await online.stop()
+                await self._final_text(turn, updater, text)
+                await updater.complete(updater.agent_message([Part(text=text)]))
+                return
+            elif isinstance(event, Interrupted) and event.turn_id == turn.turn_id:
+                await online.stop()
+                if partial:
+                    await self._final_text(turn, updater, partial)
+                await updater.canceled(
+                    updater.agent_message([Part(text=partial)]) if partial else None
+                )
+                return
+            elif isinstance(event, ErrorEvent):
+                error = event.record.message
+                if getattr(error, "turn_id", None) != turn.turn_id:
+                    continue
+                await online.stop()
+                if partial:
+                    await self._final_text(turn, updater, partial)
+                await updater.fail(updater.agent_message(
+                    [Part(text=getattr(error, "message", "the turn failed"))]))
+                return
+            elif isinstance(event, ConversationClosing):
+                await online.stop()
+                await updater.fail(updater.agent_message(
+                    [Part(text=f"the conversation was closed ({event.reason})")]))
+                return
+
+
+def card_info_for(agent: LocalAgent) -> CardInfo:
+    config = agent.config
+    return CardInfo(
+        name=config.agent_name, description=config.agent_description,
+        version=_version(), skills=skills_of(agent.tools.specs()),
+        bearer_auth=bool(config.tokens),
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("agentik")
+    except PackageNotFoundError:  # pragma: no cover - running from a checkout
+        return "0"
+
+
+async def run_a2a(
+    mount: A2AMount, agent: LocalAgent, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve A2A on ``agent`` until cancelled: fail the tasks a dead process left running, then
+    hold the nursery the executions run in."""
+    store = TaskStore(agent.storage)
+    try:
+        failed = await store.recover()
+    except AgentikError as exc:
+        log.error("A2A: failing the tasks left running failed: %s", exc)
+        failed = 0
+    if failed:
+        log.info("start-up: %d A2A tasks left running by a dead process marked FAILED", failed)
+    async with trio.open_nursery() as nursery:
+        mount.service = A2AService(store, AgentikExecutor(agent), nursery)
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            mount.service = None
+
+
+def mount_agentik(app: Quart, st: WebState, *, heartbeat: float = 15.0) -> A2AMount:
+    """Mount the A2A routes on agentik's app, served on the runtime's agent while it runs."""
+
+    def card_info() -> CardInfo:
+        return card_info_for(st.require_agent())
+
+    a2a = mount(app, card_info, heartbeat=heartbeat)
+    st.services.append(partial(run_a2a, a2a))
+    return a2a

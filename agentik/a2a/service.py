@@ -1,0 +1,485 @@
+"""The facade's task logic: A2A methods over the task store and an executor (see
+:mod:`agentik.a2a.executor`). No HTTP here; :mod:`agentik.a2a.web` maps JSON-RPC onto it.
+
+- A message without ``taskId`` starts a new task in its context (a new context when it has no
+  ``contextId``); the executor runs in the service's own nursery, so the task goes on when the
+  request that started it ends. The task is stored when the executor first reports on it
+  (``returnImmediately`` stores it SUBMITTED at once); a direct reply stores nothing.
+- A message with ``taskId`` is a follow-up of a task that waits for input: it joins the task's
+  history and runs the executor again. A terminal task refuses it (-32004), an unknown one is
+  -32001, a different ``contextId`` is -32602.
+- Streams are "the task as of seq N, then its changes after N" from the store, so a stream that
+  starts late (or a second subscriber) misses nothing and sees the same events.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+
+from agentik.a2a import errors as e
+from agentik.a2a.executor import Executor, RequestContext
+from agentik.a2a.store import StoredTask, TaskStore, status_change
+from agentik.a2a.types import (
+    CANCELED,
+    COMPLETED,
+    FAILED,
+    INPUT_REQUIRED,
+    INTERRUPTED,
+    REJECTED,
+    SUBMITTED,
+    TERMINAL,
+    WORKING,
+    Artifact,
+    ListTasksParams,
+    ListTasksResponse,
+    Message,
+    Part,
+    SendMessageParams,
+    SendMessageResponse,
+    StreamResponse,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    agent_message,
+    check_part,
+    encode,
+    text_part,
+    timestamp,
+)
+from agentik.errors import A2AError, AgentikError
+
+log = logging.getLogger("agentik.a2a")
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 100
+#: how long CancelTask waits for an executor to end a cancelled execution by itself
+CANCEL_GRACE = 10.0
+
+
+@dataclass(eq=False)
+class Run:
+    """One execution of the executor for one message."""
+
+    request: RequestContext
+    is_new: bool
+    #: set once the task exists (``snapshot``), or the run ended without one
+    ready: trio.Event = field(default_factory=trio.Event)
+    #: set once ``execute`` returned and the outcome is stored
+    done: trio.Event = field(default_factory=trio.Event)
+    #: the task as this run's stream starts it: as created (new), as continued (follow-up)
+    snapshot: StoredTask | None = None
+    reply: Message | None = None
+    error: A2AError | None = None
+    final: bool = False
+    cancel_requested: bool = False
+    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    updater: Updater | None = None
+
+
+def _merge_artifact(artifacts: list[Artifact], chunk: Artifact, append: bool) -> list[Artifact]:
+    """The task's artifacts after one artifactUpdate: a new artifact is added, an ``append``
+    chunk extends its artifact's parts (consecutive text parts are joined into one), any other
+    update replaces the artifact."""
+    out = list(artifacts)
+    for i, old in enumerate(out):
+        if old.artifact_id != chunk.artifact_id:
+            continue
+        if not append:
+            out[i] = chunk
+            return out
+        parts = list(old.parts)
+        for part in chunk.parts:
+            last = parts[-1] if parts else None
+            if (
+                last is not None and last.text is not None and part.text is not None
+                and last.metadata is None and part.metadata is None
+            ):
+                parts[-1] = Part(text=last.text + part.text, media_type=last.media_type)
+            else:
+                parts.append(part)
+        out[i] = msgspec.structs.replace(old, parts=parts)
+        return out
+    out.append(chunk)
+    return out
+
+
+class Updater:
+    """What an executor reports through (the :class:`~agentik.a2a.executor.TaskUpdater` of one
+    run)."""
+
+    def __init__(self, service: A2AService, run: Run) -> None:
+        self._service = service
+        self._run = run
+        self._request = run.request
+
+    def agent_message(self, parts: list[Part]) -> Message:
+        return agent_message(parts, context_id=self._request.context_id,
+                             task_id=self._request.task_id, message_id=uuid.uuid4().hex)
+
+    async def _ensure_task(self, state: TaskState, message: Message | None) -> bool:
+        """Create the run's task if it does not exist yet; True if this call did (with the given
+        status)."""
+        run = self._run
+        if run.snapshot is not None:
+            return False
+        task = Task(
+            id=self._request.task_id, context_id=self._request.context_id,
+            status=TaskStatus(state=state, message=message, timestamp=timestamp()),
+            history=[self._request.message],
+        )
+        run.snapshot = await self._service.store.create(task, self._request.conversation_id)
+        run.ready.set()
+        return True
+
+    async def _status(self, state: TaskState, message: Message | None = None) -> None:
+        if self._run.final and state not in TERMINAL:
+            return
+        if not await self._ensure_task(state, message):
+            status = TaskStatus(state=state, message=message, timestamp=timestamp())
+
+            def change(task: Task) -> tuple[Task, StreamResponse] | None:
+                if task.status.state in TERMINAL:
+                    return None
+                return status_change(task, status)
+
+            await self._service.store.change(self._request.task_id, change)
+        if state in TERMINAL or state in INTERRUPTED:
+            self._run.final = True
+
+    async def start(self, message: Message | None = None) -> None:
+        await self._status(WORKING, message)
+
+    async def working(self, message: Message) -> None:
+        await self._status(WORKING, message)
+
+    async def require_input(self, message: Message | None = None) -> None:
+        await self._status(INPUT_REQUIRED, message)
+
+    async def complete(self, message: Message | None = None) -> None:
+        await self._status(COMPLETED, message)
+
+    async def fail(self, message: Message | None = None) -> None:
+        await self._status(FAILED, message)
+
+    async def reject(self, message: Message | None = None) -> None:
+        await self._status(REJECTED, message)
+
+    async def canceled(self, message: Message | None = None) -> None:
+        await self._status(CANCELED, message)
+
+    async def reply(self, message: Message) -> None:
+        run = self._run
+        if run.snapshot is None:
+            run.reply = message
+            run.final = True
+            run.ready.set()
+        else:  # a task exists already: the reply is its answer
+            await self.complete(message)
+
+    async def add_artifact(
+        self,
+        parts: list[Part],
+        *,
+        artifact_id: str | None = None,
+        name: str | None = None,
+        append: bool = False,
+        last_chunk: bool = False,
+    ) -> str:
+        if self._run.final:
+            return artifact_id or ""
+        await self._ensure_task(WORKING, None)
+        chunk = Artifact(artifact_id=artifact_id or uuid.uuid4().hex, name=name, parts=parts)
+
+        def change(task: Task) -> tuple[Task, StreamResponse] | None:
+            if task.status.state in TERMINAL:
+                return None
+            new = msgspec.structs.replace(
+                task, artifacts=_merge_artifact(task.artifacts, chunk, append)
+            )
+            update = StreamResponse(artifact_update=TaskArtifactUpdateEvent(
+                task_id=task.id, context_id=task.context_id, artifact=chunk, append=append,
+                last_chunk=last_chunk,
+            ))
+            return new, update
+
+        await self._service.store.change(self._request.task_id, change)
+        return chunk.artifact_id
+
+
+def trim_task(task: Task, history_length: int | None, include_artifacts: bool = True) -> Task:
+    """``task`` as a reader asked for it: the last ``history_length`` messages (0: none; None:
+    all), artifacts only if ``include_artifacts``."""
+    history = task.history
+    if history_length is not None:
+        history = history[-history_length:] if history_length > 0 else []
+    artifacts = task.artifacts if include_artifacts else []
+    if history is task.history and artifacts is task.artifacts:
+        return task
+    return msgspec.structs.replace(task, history=history, artifacts=artifacts)
+
+
+def _check_history_length(value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise e.invalid_params(f"historyLength must be >= 0, got {value}")
+    return value
+
+
+class A2AService:
+    """A2A's methods. ``nursery`` runs the executions (it must outlive requests)."""
+
+    def __init__(self, store: TaskStore, executor: Executor, nursery: trio.Nursery) -> None:
+        self.store = store
+        self.executor = executor
+        self._nursery = nursery
+        self._runs: dict[str, Run] = {}
+        self._contexts: dict[str, str | None] = {}
+        self._bind_lock = trio.Lock()
+
+    # --- SendMessage / SendStreamingMessage ------------------------------------------------------
+
+    def _check_message(self, message: Message) -> None:
+        if not message.message_id:
+            raise e.invalid_params("message.messageId must not be empty")
+        if not message.parts:
+            raise e.invalid_params("message.parts must not be empty")
+        for i, part in enumerate(message.parts):
+            why = check_part(part)
+            if why is not None:
+                raise e.invalid_params(f"message.parts[{i}]: {why}")
+
+    async def _conversation_for(self, context_id: str) -> str | None:
+        async with self._bind_lock:
+            if context_id in self._contexts:
+                previous = self._contexts[context_id]
+            else:
+                _, previous = await self.store.context_conversation(context_id)
+            conversation = await self.executor.conversation(context_id, previous)
+            if len(self._contexts) > 10_000:
+                self._contexts.clear()
+            self._contexts[context_id] = conversation
+            return conversation
+
+    async def start(self, params: SendMessageParams) -> Run:
+        """Validate a message and start its execution. Raises A2AError."""
+        message = params.message
+        self._check_message(message)
+        config = params.configuration
+        if config is not None and config.task_push_notification_config is not msgspec.UNSET:
+            raise e.error(e.PUSH_NOT_SUPPORTED, "push notifications are not supported")
+        if config is not None:
+            _check_history_length(config.history_length)
+        if message.task_id:
+            run = await self._follow_up(message)
+        else:
+            context_id = message.context_id or uuid.uuid4().hex
+            conversation = await self._conversation_for(context_id)
+            task_id = uuid.uuid4().hex
+            request = RequestContext(
+                message=msgspec.structs.replace(message, context_id=context_id, task_id=task_id),
+                task_id=task_id, context_id=context_id, task=None, conversation_id=conversation,
+            )
+            run = Run(request=request, is_new=True)
+            if config is not None and config.return_immediately:
+                task = Task(id=task_id, context_id=context_id,
+                            status=TaskStatus(state=SUBMITTED, timestamp=timestamp()),
+                            history=[request.message])
+                run.snapshot = await self.store.create(task, conversation)
+                run.ready.set()
+        run.updater = Updater(self, run)
+        self._runs[run.request.task_id] = run
+        self._nursery.start_soon(self._execute, run)
+        return run
+
+    async def _follow_up(self, message: Message) -> Run:
+        task_id = message.task_id
+        assert task_id is not None
+        stored = await self.store.get(task_id)
+        if stored is None:
+            raise e.task_not_found(task_id)
+        task = stored.task
+        if message.context_id and message.context_id != task.context_id:
+            raise e.invalid_params(
+                f"contextId {message.context_id!r} is not the context of task {task_id!r}"
+            )
+        if task.status.state in TERMINAL:
+            raise e.error(e.UNSUPPORTED_OPERATION,
+                          f"task {task_id!r} is {task.status.state}: it takes no more messages")
+        if task_id in self._runs or task.status.state not in INTERRUPTED:
+            raise e.error(e.UNSUPPORTED_OPERATION,
+                          f"task {task_id!r} is working: a follow-up waits until it asks for input")
+        message = msgspec.structs.replace(message, context_id=task.context_id, task_id=task_id)
+        status = TaskStatus(state=WORKING, timestamp=timestamp())
+
+        def join(current: Task) -> tuple[Task, StreamResponse] | None:
+            if current.status.state not in INTERRUPTED:
+                return None
+            new, update = status_change(current, status)
+            return msgspec.structs.replace(new, history=[*new.history, message]), update
+
+        joined = await self.store.change(task_id, join)
+        if joined is None or joined.task.status.state != WORKING:
+            raise e.error(e.UNSUPPORTED_OPERATION, f"task {task_id!r} changed meanwhile")
+        request = RequestContext(message=message, task_id=task_id, context_id=task.context_id,
+                                 task=joined.task, conversation_id=stored.conversation_id)
+        run = Run(request=request, is_new=False, snapshot=joined)
+        run.ready.set()
+        return run
+
+    async def _execute(self, run: Run) -> None:
+        updater = run.updater
+        assert updater is not None
+        try:
+            try:
+                with run.cancel_scope:
+                    await self.executor.execute(run.request, updater)
+            except A2AError as exc:
+                run.error = exc
+            except AgentikError as exc:
+                run.error = e.error(e.INTERNAL_ERROR, str(exc))
+            except Exception as exc:
+                log.exception("the A2A executor failed on task %s", run.request.task_id)
+                run.error = e.error(e.INTERNAL_ERROR, f"the agent failed: {type(exc).__name__}")
+            if not run.final:
+                await self._settle(run, updater)
+        except AgentikError as exc:
+            log.error("task %s: storing its outcome failed: %s", run.request.task_id, exc)
+            run.error = run.error or e.error(e.INTERNAL_ERROR, str(exc))
+        finally:
+            self._runs.pop(run.request.task_id, None)
+            run.done.set()
+            run.ready.set()
+
+    async def _settle(self, run: Run, updater: Updater) -> None:
+        """An execution ended without a final word: cancelled, failed, or silent."""
+        if run.cancel_requested:
+            if run.snapshot is not None:
+                await updater.canceled()
+            return
+        why = str(run.error) if run.error is not None else "the agent ended without an answer"
+        if run.snapshot is not None:
+            await updater.fail(updater.agent_message([text_part(why)]))
+        elif run.error is None:
+            run.error = e.error(e.INTERNAL_ERROR, why)
+
+    async def send(self, params: SendMessageParams) -> SendMessageResponse:
+        """SendMessage: waits for the task's final word (terminal or input required) unless
+        ``returnImmediately``."""
+        run = await self.start(params)
+        config = params.configuration
+        if config is not None and config.return_immediately:
+            await run.ready.wait()
+        else:
+            await run.done.wait()
+        if run.snapshot is None:
+            if run.reply is not None:
+                return SendMessageResponse(message=run.reply)
+            raise run.error or e.error(e.INTERNAL_ERROR, "no answer")
+        stored = await self.store.get(run.request.task_id)
+        assert stored is not None
+        return SendMessageResponse(
+            task=trim_task(stored.task, config.history_length if config else None)
+        )
+
+    async def open_stream(self, params: SendMessageParams) -> AsyncIterator[bytes]:
+        """SendStreamingMessage. Raises A2AError before anything is streamed; then yields the
+        StreamResponse JSON of each event until the task's final word."""
+        run = await self.start(params)
+        await run.ready.wait()
+        if run.snapshot is None:
+            if run.reply is not None:
+                return _one(encode(StreamResponse(message=run.reply)))
+            raise run.error or e.error(e.INTERNAL_ERROR, "no answer")
+        return self._task_stream(run.snapshot, interrupted_ends=True, snapshot_ends=run.is_new)
+
+    async def subscribe(self, task_id: str) -> AsyncIterator[bytes]:
+        """SubscribeToTask: the task now, then its changes until it reaches a terminal state."""
+        stored = await self.store.get(task_id)
+        if stored is None:
+            raise e.task_not_found(task_id)
+        if stored.task.status.state in TERMINAL:
+            raise e.error(e.UNSUPPORTED_OPERATION,
+                          f"task {task_id!r} is {stored.task.status.state}: nothing to subscribe to")
+        return self._task_stream(stored, interrupted_ends=False, snapshot_ends=False)
+
+    async def _task_stream(
+        self, snapshot: StoredTask, *, interrupted_ends: bool, snapshot_ends: bool
+    ) -> AsyncIterator[bytes]:
+        def ends(state: str) -> bool:
+            return state in TERMINAL or (interrupted_ends and state in INTERRUPTED)
+
+        yield encode(StreamResponse(task=snapshot.task))
+        if snapshot_ends and ends(snapshot.task.status.state):
+            return
+        async for _, event in self.store.events(snapshot.task.id, snapshot.seq):
+            yield bytes(event.update)
+            if ends(event.state):
+                return
+
+    # --- GetTask / ListTasks / CancelTask --------------------------------------------------------
+
+    async def get_task(self, task_id: str, history_length: int | None) -> Task:
+        _check_history_length(history_length)
+        stored = await self.store.get(task_id)
+        if stored is None:
+            raise e.task_not_found(task_id)
+        return trim_task(stored.task, history_length)
+
+    async def list_tasks(self, params: ListTasksParams) -> ListTasksResponse:
+        size = params.page_size or DEFAULT_PAGE_SIZE
+        if not 1 <= size <= MAX_PAGE_SIZE:
+            raise e.invalid_params(f"pageSize must be 1..{MAX_PAGE_SIZE}, got {params.page_size}")
+        _check_history_length(params.history_length)
+        before: int | None = None
+        if params.page_token:
+            if not params.page_token.isdigit():
+                raise e.invalid_params(f"invalid pageToken {params.page_token!r}")
+            before = int(params.page_token)
+        state = params.status if params.status != "TASK_STATE_UNSPECIFIED" else None
+        rows, total = await self.store.list(params.context_id or None, state, before, size + 1)
+        more = len(rows) > size
+        rows = rows[:size]
+        tasks = [trim_task(r.task, params.history_length, bool(params.include_artifacts))
+                 for r in rows]
+        token = str(rows[-1].first_seq) if more and rows else ""
+        return ListTasksResponse(tasks=tasks, next_page_token=token, page_size=size,
+                                 total_size=total)
+
+    async def cancel(self, task_id: str) -> Task:
+        stored = await self.store.get(task_id)
+        if stored is None:
+            raise e.task_not_found(task_id)
+        if stored.task.status.state in TERMINAL:
+            raise e.error(e.TASK_NOT_CANCELABLE,
+                          f"task {task_id!r} is {stored.task.status.state}")
+        run = self._runs.get(task_id)
+        if run is not None and run.updater is not None:
+            run.cancel_requested = True
+            ends_itself = await self.executor.cancel(run.request, run.updater)
+            if ends_itself:
+                with trio.move_on_after(CANCEL_GRACE):
+                    await run.done.wait()
+            run.cancel_scope.cancel()
+            await run.done.wait()
+        else:
+            status = TaskStatus(state=CANCELED, timestamp=timestamp())
+            await self.store.change(
+                task_id,
+                lambda task: None if task.status.state in TERMINAL else status_change(task, status),
+            )
+        final = await self.store.get(task_id)
+        assert final is not None
+        if final.task.status.state != CANCELED:
+            raise e.error(e.TASK_NOT_CANCELABLE,
+                          f"task {task_id!r} ended {final.task.status.state} before the cancel")
+        return final.task
+
+
+async def _one(item: bytes) -> AsyncIterator[bytes]:
+    yield item

@@ -1,0 +1,187 @@
+"""Durable A2A tasks over agentik's storage (SPEC §11).
+
+Every change of a task is ONE storage op (:class:`agentik.storage.ops.PutA2ATask`): the task's
+whole record as of the change (seq = N) and a ``TaskUpdated`` event at offset N carrying the
+StreamResponse its subscribers get. So:
+
+- ``GetTask``/``ListTasks`` read rows, which survive restarts;
+- a subscription is "the task as of its seq N, then its events after N" (:meth:`events`), the
+  same for every subscriber, with nothing lost in between (the cursor protocol);
+- changes of one task are serialised by a per-task lock here and made conditional on the seq
+  last read (``expect_seq``), so two writers can never both win.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import trio
+
+from agentik.a2a.types import (
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    TERMINAL,
+    StreamResponse,
+    Task,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+    agent_message,
+    decode_task,
+    encode,
+    text_part,
+    timestamp,
+)
+from agentik.storage import ops
+from agentik.storage import queries as q
+from agentik.storage.actor import Storage
+from agentik.wire import Cursor, TaskUpdated
+
+#: what a change returns: the task after it and the StreamResponse announcing it (None: no change)
+Change = Callable[[Task], tuple[Task, StreamResponse] | None]
+
+
+@dataclass(frozen=True)
+class StoredTask:
+    task: Task
+    seq: int
+    first_seq: int
+    conversation_id: str | None
+
+
+def _stored(row: q.A2ATaskRow) -> StoredTask:
+    return StoredTask(decode_task(row.payload), row.seq, row.first_seq, row.conversation_id)
+
+
+class TaskStore:
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._locks: dict[str, tuple[trio.Lock, int]] = {}
+        #: the last stored version of every task that is running (this process is the only
+        #: writer of its database, so it is authoritative); others are read from storage
+        self._running: dict[str, StoredTask] = {}
+
+    # --- reads -----------------------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> StoredTask | None:
+        cached = self._running.get(task_id)
+        if cached is not None:
+            return cached
+        row = await self.storage.reader.run(q.get_a2a_task, task_id)
+        return None if row is None else _stored(row)
+
+    async def context_conversation(self, context_id: str) -> tuple[bool, str | None]:
+        """(whether a task has used the context, the conversation of its latest task)."""
+        row = await self.storage.reader.run(q.latest_a2a_task_of_context, context_id)
+        return (False, None) if row is None else (True, row.conversation_id)
+
+    async def list(
+        self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int
+    ) -> tuple[list[StoredTask], int]:
+        rows, total = await self.storage.reader.run(
+            q.list_a2a_tasks, context_id, state, before_first_seq, limit
+        )
+        return [_stored(r) for r in rows], total
+
+    async def events(
+        self, task_id: str, after_seq: int
+    ) -> AsyncIterator[tuple[int, TaskUpdated]]:
+        """The task's changes after ``after_seq`` (its seq at a snapshot), replayed then live, in
+        order, until the consumer stops."""
+        hub = self.storage.hub
+        # A task whose last change was trimmed from the outbox has had no change since: start at
+        # the oldest retained offset then.
+        after = max(after_seq, hub.oldest_cursor().offset)
+        async for batch in hub.stream(Cursor(epoch=hub.epoch, offset=after), kind="a2a"):
+            for ev in batch:
+                event = ev.event.event
+                if isinstance(event, TaskUpdated) and event.task_id == task_id:
+                    yield ev.offset, event
+
+    # --- writes ----------------------------------------------------------------------------------
+
+    async def _lock(self, task_id: str) -> trio.Lock:
+        lock, users = self._locks.get(task_id, (trio.Lock(), 0))
+        self._locks[task_id] = (lock, users + 1)
+        return lock
+
+    def _unlock(self, task_id: str) -> None:
+        lock, users = self._locks[task_id]
+        if users <= 1:
+            del self._locks[task_id]
+        else:
+            self._locks[task_id] = (lock, users - 1)
+
+    async def _put(
+        self, task: Task, update: StreamResponse, conversation_id: str | None, expect: int | None,
+        first_seq: int | None,
+    ) -> StoredTask:
+        seq: int = await self.storage.write(ops.PutA2ATask(
+            task_id=task.id, context_id=task.context_id, conversation_id=conversation_id,
+            state=task.status.state, task=encode(task), update=encode(update), expect_seq=expect,
+        ))
+        stored = StoredTask(task, seq, seq if first_seq is None else first_seq, conversation_id)
+        if task.status.state in TERMINAL or task.status.state in INTERRUPTED:
+            self._running.pop(task.id, None)
+        else:
+            self._running[task.id] = stored
+        return stored
+
+    async def create(self, task: Task, conversation_id: str | None) -> StoredTask:
+        """Store a new task; its first event is the whole task. Raises ConflictError if the id
+        is taken."""
+        lock = await self._lock(task.id)
+        try:
+            async with lock:
+                return await self._put(task, StreamResponse(task=task), conversation_id, None, None)
+        finally:
+            self._unlock(task.id)
+
+    async def change(self, task_id: str, fn: Change) -> StoredTask | None:
+        """Apply ``fn`` to the task's current version and store the result (serialised per task).
+        Returns the stored version, the current one if ``fn`` changed nothing, None for an
+        unknown task."""
+        lock = await self._lock(task_id)
+        try:
+            async with lock:
+                current = await self.get(task_id)
+                if current is None:
+                    return None
+                result = fn(current.task)
+                if result is None:
+                    return current
+                task, update = result
+                return await self._put(task, update, current.conversation_id, current.seq,
+                                       current.first_seq)
+        finally:
+            self._unlock(task_id)
+
+    async def recover(self, reason: str = "interrupted by restart") -> int:
+        """Start-up: a task left SUBMITTED or WORKING by a dead process ends FAILED."""
+        rows = await self.storage.reader.run(q.a2a_tasks_in_states, RUNNING)
+        for row in rows:
+            await self.change(row.id, lambda task: fail_change(task, reason))
+        return len(rows)
+
+
+def status_change(task: Task, status: TaskStatus) -> tuple[Task, StreamResponse]:
+    """``task`` with a new status (the old status message goes to the history, as A2A's SDKs
+    do), and the statusUpdate announcing it."""
+    history = list(task.history)
+    if task.status.message is not None:
+        history.append(task.status.message)
+    new = Task(id=task.id, context_id=task.context_id, status=status, artifacts=task.artifacts,
+               history=history, metadata=task.metadata)
+    update = StreamResponse(status_update=TaskStatusUpdateEvent(
+        task_id=task.id, context_id=task.context_id, status=status))
+    return new, update
+
+
+def fail_change(task: Task, reason: str) -> tuple[Task, StreamResponse] | None:
+    if task.status.state in TERMINAL:
+        return None
+    message = agent_message([text_part(reason)], context_id=task.context_id, task_id=task.id,
+                            message_id=uuid.uuid4().hex)
+    return status_change(task, TaskStatus(state=FAILED, message=message, timestamp=timestamp()))
