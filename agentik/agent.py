@@ -29,6 +29,7 @@ from agentik.wire import (
     Image,
     MessageContext,
     MessageRecord,
+    TaskUpdated,
     Text,
 )
 
@@ -110,6 +111,57 @@ class OnlineOutbox:
     def online_events(self, conversation_id: str) -> AsyncGenerator[CommonEvent, None]:
         """Live-only events (Working, StartResponse, AppendText, End, ...); no cursor, no replay."""
         return self._hub.online_events(conversation_id)
+
+
+class TaskRecords:
+    """Task records kept under the shared counter (the A2A facade's tasks, SPEC §11): each
+    change stores the whole record (an opaque JSON ``record``, its ``state``) with seq = N and a
+    ``TaskUpdated`` event (``update``, outbox kind ``a2a``) at offset N, in one transaction.
+    ``expect_seq`` makes a change conditional on the seq last read (None: the record must not
+    exist); a stale one raises ConflictError and stores nothing."""
+
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+
+    async def put(
+        self, *, task_id: str, context_id: str, conversation_id: str | None, state: str,
+        record: bytes, update: bytes, expect_seq: int | None,
+    ) -> int:
+        """Store one change; returns its seq. Raises ConflictError, StorageError."""
+        seq: int = await self._storage.write(ops.PutA2ATask(
+            task_id=task_id, context_id=context_id, conversation_id=conversation_id,
+            state=state, task=record, update=update, expect_seq=expect_seq,
+        ))
+        return seq
+
+    async def get(self, task_id: str) -> q.A2ATaskRow | None:
+        return await self._storage.reader.run(q.get_a2a_task, task_id)
+
+    async def latest_of_context(self, context_id: str) -> q.A2ATaskRow | None:
+        """The context's most recently created record, None for an unused context."""
+        return await self._storage.reader.run(q.latest_a2a_task_of_context, context_id)
+
+    async def page(
+        self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int
+    ) -> tuple[list[q.A2ATaskRow], int]:
+        """Newest first by creation (before ``before_first_seq`` if given), and the total."""
+        return await self._storage.reader.run(
+            q.list_a2a_tasks, context_id, state, before_first_seq, _limit(limit)
+        )
+
+    async def in_states(self, states: tuple[str, ...]) -> list[q.A2ATaskRow]:
+        return await self._storage.reader.run(q.a2a_tasks_in_states, states)
+
+    async def updates(self, after_seq: int) -> AsyncGenerator[tuple[int, TaskUpdated], None]:
+        """Every record change after ``after_seq`` (replayed, then live), in order. A position
+        already trimmed from the outbox starts at the oldest retained change: a record's last
+        change is its newest, so nothing of a record read at ``after_seq`` is skipped."""
+        hub = self._storage.hub
+        after = max(after_seq, hub.oldest_cursor().offset)
+        async for batch in hub.stream(Cursor(epoch=hub.epoch, offset=after), kind="a2a"):
+            for ev in batch:
+                if isinstance(ev.event.event, TaskUpdated):
+                    yield ev.offset, ev.event.event
 
 
 class LocalConversation(ConversationView):
@@ -194,10 +246,9 @@ class LocalAgent:
         return self._deps.storage.hub
 
     @property
-    def storage(self) -> Storage:
-        """The storage handle, for facades that keep records of their own under the shared
-        counter (the A2A task store, SPEC §11): ``write(op)``, ``reader``, ``hub``."""
-        return self._deps.storage
+    def task_records(self) -> TaskRecords:
+        """Durable task records under the shared counter (the A2A facade's tasks, SPEC §11)."""
+        return TaskRecords(self._deps.storage)
 
     @property
     def supports_image_input(self) -> bool:

@@ -33,6 +33,7 @@ from agentik.a2a.service import A2AService
 from agentik.a2a.store import TaskStore
 from agentik.a2a.types import AgentSkill, Part
 from agentik.a2a.web import A2AMount, CardInfo, mount
+from agentik.agent import TaskRecords
 from agentik.storage.actor import Storage, run_storage
 
 #: how long the resubscription scenario stays WORKING ("2x streaming timeout" in the TCK)
@@ -141,7 +142,7 @@ async def _serve_storage(
 ) -> None:
     async with trio.open_nursery() as nursery:
         storage: Storage = await nursery.start(partial(run_storage, db_path))
-        store = TaskStore(storage)
+        store = TaskStore(TaskRecords(storage))
         await store.recover()
         async with trio.open_nursery() as runs:
             a2a.service = A2AService(store, ScriptedExecutor(), runs)

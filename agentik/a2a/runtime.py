@@ -328,7 +328,7 @@ async def run_a2a(
 ) -> None:
     """Serve A2A on ``agent`` until cancelled: fail the tasks a dead process left running, then
     hold the nursery the executions run in."""
-    store = TaskStore(agent.storage)
+    store = TaskStore(agent.task_records)
     try:
         failed = await store.recover()
     except AgentikError as exc:

@@ -442,7 +442,7 @@ class A2AService:
                 raise e.invalid_params(f"invalid pageToken {params.page_token!r}")
             before = int(params.page_token)
         state = params.status if params.status != "TASK_STATE_UNSPECIFIED" else None
-        rows, total = await self.store.list(params.context_id or None, state, before, size + 1)
+        rows, total = await self.store.page(params.context_id or None, state, before, size + 1)
         more = len(rows) > size
         rows = rows[:size]
         tasks = [trim_task(r.task, params.history_length, bool(params.include_artifacts))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -34,10 +35,11 @@ from agentik.a2a.types import (
     text_part,
     timestamp,
 )
-from agentik.storage import ops
-from agentik.storage import queries as q
-from agentik.storage.actor import Storage
-from agentik.wire import Cursor, TaskUpdated
+from agentik.agent import TaskRecords
+from agentik.wire import TaskUpdated
+
+if TYPE_CHECKING:
+    from agentik.storage.queries import A2ATaskRow
 
 #: what a change returns: the task after it and the StreamResponse announcing it (None: no change)
 Change = Callable[[Task], tuple[Task, StreamResponse] | None]
@@ -51,13 +53,13 @@ class StoredTask:
     conversation_id: str | None
 
 
-def _stored(row: q.A2ATaskRow) -> StoredTask:
+def _stored(row: A2ATaskRow) -> StoredTask:
     return StoredTask(decode_task(row.payload), row.seq, row.first_seq, row.conversation_id)
 
 
 class TaskStore:
-    def __init__(self, storage: Storage) -> None:
-        self.storage = storage
+    def __init__(self, records: TaskRecords) -> None:
+        self.records = records
         self._locks: dict[str, tuple[trio.Lock, int]] = {}
         #: the last stored version of every task that is running (this process is the only
         #: writer of its database, so it is authoritative); others are read from storage
@@ -69,20 +71,18 @@ class TaskStore:
         cached = self._running.get(task_id)
         if cached is not None:
             return cached
-        row = await self.storage.reader.run(q.get_a2a_task, task_id)
+        row = await self.records.get(task_id)
         return None if row is None else _stored(row)
 
     async def context_conversation(self, context_id: str) -> tuple[bool, str | None]:
         """(whether a task has used the context, the conversation of its latest task)."""
-        row = await self.storage.reader.run(q.latest_a2a_task_of_context, context_id)
+        row = await self.records.latest_of_context(context_id)
         return (False, None) if row is None else (True, row.conversation_id)
 
-    async def list(
+    async def page(
         self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int
     ) -> tuple[list[StoredTask], int]:
-        rows, total = await self.storage.reader.run(
-            q.list_a2a_tasks, context_id, state, before_first_seq, limit
-        )
+        rows, total = await self.records.page(context_id, state, before_first_seq, limit)
         return [_stored(r) for r in rows], total
 
     async def events(
@@ -90,15 +90,9 @@ class TaskStore:
     ) -> AsyncIterator[tuple[int, TaskUpdated]]:
         """The task's changes after ``after_seq`` (its seq at a snapshot), replayed then live, in
         order, until the consumer stops."""
-        hub = self.storage.hub
-        # A task whose last change was trimmed from the outbox has had no change since: start at
-        # the oldest retained offset then.
-        after = max(after_seq, hub.oldest_cursor().offset)
-        async for batch in hub.stream(Cursor(epoch=hub.epoch, offset=after), kind="a2a"):
-            for ev in batch:
-                event = ev.event.event
-                if isinstance(event, TaskUpdated) and event.task_id == task_id:
-                    yield ev.offset, event
+        async for offset, event in self.records.updates(after_seq):
+            if event.task_id == task_id:
+                yield offset, event
 
     # --- writes ----------------------------------------------------------------------------------
 
@@ -118,10 +112,10 @@ class TaskStore:
         self, task: Task, update: StreamResponse, conversation_id: str | None, expect: int | None,
         first_seq: int | None,
     ) -> StoredTask:
-        seq: int = await self.storage.write(ops.PutA2ATask(
+        seq = await self.records.put(
             task_id=task.id, context_id=task.context_id, conversation_id=conversation_id,
-            state=task.status.state, task=encode(task), update=encode(update), expect_seq=expect,
-        ))
+            state=task.status.state, record=encode(task), update=encode(update), expect_seq=expect,
+        )
         stored = StoredTask(task, seq, seq if first_seq is None else first_seq, conversation_id)
         if task.status.state in TERMINAL or task.status.state in INTERRUPTED:
             self._running.pop(task.id, None)
@@ -160,7 +154,7 @@ class TaskStore:
 
     async def recover(self, reason: str = "interrupted by restart") -> int:
         """Start-up: a task left SUBMITTED or WORKING by a dead process ends FAILED."""
-        rows = await self.storage.reader.run(q.a2a_tasks_in_states, RUNNING)
+        rows = await self.records.in_states(RUNNING)
         for row in rows:
             await self.change(row.id, lambda task: fail_change(task, reason))
         return len(rows)
