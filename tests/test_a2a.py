@@ -9,6 +9,8 @@ checked for camelCase names."""
 from __future__ import annotations
 
 import asyncio
+import re
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -36,6 +38,7 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
 )
 
 V1 = {"A2A-Version": "1.0"}
+A2A_DOC = Path(__file__).resolve().parent.parent / "docs" / "A2A.md"
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -419,6 +422,27 @@ async def test_jsonrpc_url_is_served_with_and_without_the_trailing_slash(config:
                                            headers=V1, follow_redirects=False)
             assert response.status_code == 200, path
             assert response.json()["error"]["code"] == -32001
+
+
+# --- docs/A2A.md ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="needs curl, jq")
+async def test_the_docs_curl_examples_run_as_written(config: Config) -> None:
+    doc = A2A_DOC.read_text()
+    (block,) = re.findall(r"```sh\n(.*?)```", doc, flags=re.S)
+    async with a2a_server(config) as (server, _):
+        with trio.fail_after(60):
+            result = await trio.run_process(
+                ["bash", "-c", "set -euo pipefail\n" + block],
+                env={"BASE": server.url, "PATH": "/usr/bin:/bin:/usr/local/bin"},
+                capture_stdout=True, capture_stderr=True, check=False,
+            )
+    out = result.stdout.decode()
+    assert result.returncode == 0, (out, result.stderr.decode())
+    assert '"protocolBinding": "JSONRPC"' in out and '"TASK_STATE_COMPLETED"' in out
+    # The stream ended with COMPLETED, then ListTasks counted the context's three tasks.
+    assert '"statusUpdate"' in out and out.rstrip().endswith("\n3"), out
 
 
 # --- the TCK's system under test -----------------------------------------------------------------

@@ -145,6 +145,12 @@ ROUTES: tuple[Route, ...] = (
     Route("get", "/agentik/tools", "tools", "MCP servers with their state and tools", 200,
           ToolsStatus),
     Route("get", "/agentik/openapi.json", "openapi", "This document", 200),
+    Route("get", "/.well-known/agent-card.json", "a2aAgentCard",
+          "A2A v1.0 agent card (public; see docs/A2A.md)", 200, open=True),
+    Route("post", "/a2a", "a2aJsonRpc",
+          "A2A v1.0 JSON-RPC 2.0; SSE for SendStreamingMessage and SubscribeToTask; errors are "
+          "JSON-RPC error objects with status 200 (see docs/A2A.md)", 200),
+    Route("post", "/a2a/", "a2aJsonRpcSlash", "The same A2A endpoint (no redirect)", 200),
 )
 
 _ERROR_TEXT = {
