@@ -311,6 +311,10 @@ class A2AService:
         if task.status.state in TERMINAL:
             raise e.error(e.UNSUPPORTED_OPERATION,
                           f"task {task_id!r} is {task.status.state}: it takes no more messages")
+        previous = self._runs.get(task_id)
+        if previous is not None and previous.final:
+            # The last execution has said its final word (e.g. asked for input) and is ending.
+            await previous.done.wait()
         if task_id in self._runs or task.status.state not in INTERRUPTED:
             raise e.error(e.UNSUPPORTED_OPERATION,
                           f"task {task_id!r} is working: a follow-up waits until it asks for input")

@@ -27,6 +27,7 @@ import msgspec
 import trio
 from quart import Blueprint, Quart, Response, current_app, g, request
 from quart.wrappers.response import ResponseBody
+from werkzeug.exceptions import HTTPException
 
 from agentik.a2a import errors as e
 from agentik.a2a.service import A2AService
@@ -208,6 +209,11 @@ async def rpc() -> Response:
         return _error(request_id, exc)
     except AgentikError as exc:
         return _error(request_id, e.error(e.INTERNAL_ERROR, str(exc)))
+    except HTTPException:
+        raise  # the app answers these (413 body too large, ...)
+    except Exception:
+        log.exception("A2A request failed")
+        return _error(request_id, e.error(e.INTERNAL_ERROR, "internal error"))
 
 
 bp.add_url_rule(RPC_PATH, "rpc", rpc, methods=["POST"])
