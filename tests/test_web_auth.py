@@ -13,7 +13,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from agentik.web.auth import is_valid, mask_query
+from agentik.web.auth import is_valid
+from agentik.web.logsafe import escape, safe_query, safe_text
 from tests.scripted_openai import ScriptedOpenAI
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
@@ -134,7 +135,13 @@ async def test_request_log(secured: Server, caplog: pytest.LogCaptureFixture) ->
 
 def test_helpers() -> None:
     assert is_valid("a", ("b", "a")) and not is_valid("a", ("b",)) and not is_valid("", ("a",))
-    assert mask_query("access_token=abc&x=1&ACCESS_TOKEN=d") == (
+    assert safe_query("access_token=abc&x=1&ACCESS_TOKEN=d") == (
         "access_token=***&x=1&ACCESS_TOKEN=***"
     )
-    assert mask_query("my_access_token=abc") == "my_access_token=abc"
+    assert safe_query("access%5Ftoken=abc;access_token=d&access%255Ftoken=e") == (
+        "access%5Ftoken=***;access_token=***&access%255Ftoken=***"
+    )
+    assert safe_query("x=s%33cret&s3cret", ["s3cret"]) == "x=***&***"
+    assert safe_text("/a/s3cret/b", ["s3cret"]) == "/a/***/b"
+    assert safe_text("/a/s%33cret", ["s3cret"]) == "***"
+    assert escape("a\nb\r\x1b\u2028\\") == "a\\nb\\r\\x1b\\u2028\\\\"

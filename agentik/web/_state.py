@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -17,7 +17,7 @@ import trio
 from quart import Response, current_app
 
 from agentik.errors import AgentikError, RuntimeClosedError, http_status
-from agentik.web import auth
+from agentik.web import logsafe
 from agentik.web.errors import detail_of, headers_of
 from agentik.web.types import ErrorBody
 from agentik.wire import encode
@@ -69,6 +69,11 @@ class WebState:
         if self.agent is None:
             raise RuntimeClosedError("the runtime is not running")
         return self.agent
+
+    @property
+    def secrets(self) -> Sequence[str]:
+        """The configured tokens, masked wherever a request's text is logged."""
+        return () if self.config is None else self.config.tokens
 
     @property
     def cfg(self) -> Config:
@@ -135,12 +140,14 @@ def log_request(
     status: int,
     client_id: str | None,
     started: float | None,
+    secrets: Sequence[str] = (),
 ) -> None:
-    """One access-log line per request. ``access_token`` values are masked; the Authorization
+    """One access-log line per request. What came from the request is escaped and secret values
+    are masked (``agentik.web.logsafe``: ``secrets`` are the configured tokens); the Authorization
     header is never logged."""
-    target = path
+    target = logsafe.safe_text(path, secrets)
     if query:
-        target += "?" + auth.mask_query(query.decode("latin-1"))
+        target += "?" + logsafe.safe_query(query.decode("latin-1"), secrets)
     elapsed = "" if started is None else f" {1000 * (time.perf_counter() - started):.1f}ms"
-    client = (client_id or "-")[:64]
+    client = logsafe.safe_text((client_id or "-")[:64], secrets)
     access_log.info("%s %s %d client=%s%s", method, target, status, client, elapsed)

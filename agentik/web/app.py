@@ -22,7 +22,7 @@ from werkzeug.exceptions import HTTPException
 from agentik.a2a import runtime as a2a_web
 from agentik.config import Config
 from agentik.errors import AgentikError
-from agentik.web import auth, lifespan, process
+from agentik.web import auth, lifespan, logsafe, process
 from agentik.web._state import (
     WebState,
     error_response,
@@ -137,7 +137,7 @@ async def _after_request(response: Response) -> Response:
     started = getattr(g, "agentik_started", None)
     log_request(
         request.method, request.path, request.query_string, response.status_code,
-        request.headers.get("X-Client-Id"), started,
+        request.headers.get("X-Client-Id"), started, state().secrets,
     )
     return response
 
@@ -157,7 +157,10 @@ async def _http_error(exc: HTTPException) -> Response:
 
 
 async def _unexpected(exc: Exception) -> Response:
-    log.exception("unexpected error on %s %s", request.method, request.path, exc_info=exc)
+    log.exception(
+        "unexpected error on %s %s", request.method,
+        logsafe.safe_text(request.path, state().secrets), exc_info=exc,
+    )
     return json_response(error_body("internal", "internal server error"), 500)
 
 

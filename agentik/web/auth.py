@@ -1,12 +1,12 @@
 """Bearer-token auth (SPEC §6): ``Authorization: Bearer <token>`` against ``config.tokens``;
 ``?access_token=`` only where browsers cannot set headers (SSE and WebSocket). With no tokens
-configured every route is open. Tokens are compared with ``hmac.compare_digest`` and never logged.
+configured every route is open. Tokens are compared with ``hmac.compare_digest`` and never logged
+(``agentik.web.logsafe``).
 """
 
 from __future__ import annotations
 
 import hmac
-import re
 from collections.abc import Sequence
 
 from agentik.errors import UnauthorizedError
@@ -53,14 +53,6 @@ def check(
         raise UnauthorizedError(f"authentication required: send {where}")
     if not is_valid(token, tokens):
         raise UnauthorizedError("invalid token")
-
-
-_SECRET_PARAM = re.compile(r"(?i)((?:^|&)access_token=)[^&]*")
-
-
-def mask_query(query: str) -> str:
-    """The query string with every ``access_token`` value replaced, for logs."""
-    return _SECRET_PARAM.sub(r"\1***", query)
 
 
 #: endpoints where browsers cannot set headers, so ``?access_token=`` is accepted (SSE, WebSocket)

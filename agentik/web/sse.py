@@ -32,6 +32,7 @@ from quart import Blueprint, Response, request
 from quart.wrappers.response import ResponseBody
 
 from agentik.errors import NotFoundError, OutboxGapError
+from agentik.web import logsafe
 from agentik.web._state import WebState, log, state
 from agentik.web.errors import detail_of
 from agentik.web.types import ErrorBody
@@ -188,7 +189,7 @@ async def live_pump(
                         b"event: " + ev.type.encode() + b"\ndata: " + encode(ev) + b"\n\n"
                     )
             except Exception:
-                log.exception("live stream of %s failed", conversation_id)
+                log.exception("live stream of %s failed", logsafe.escape(conversation_id))
 
 
 def start_cursor(hub: EventHub) -> Cursor:

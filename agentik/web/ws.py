@@ -375,5 +375,5 @@ async def ws() -> Response | None:
     finally:
         log_request(
             "WS", websocket.path, websocket.query_string, status,
-            websocket.headers.get("X-Client-Id"), started,
+            websocket.headers.get("X-Client-Id"), started, st.secrets,
         )
