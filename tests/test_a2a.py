@@ -25,6 +25,7 @@ from a2a.types import a2a_pb2 as pb
 from google.protobuf import json_format
 
 from agentik.config import Config
+from benchmarks.serverproc import spawn_server
 from tests.a2a_sut import open_sut
 from tests.scripted_openai import Fail, Hang, Reply, ScriptedOpenAI
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
@@ -367,6 +368,38 @@ async def test_get_and_list_tasks_also_after_a_restart_and_a_running_task_fails_
         assert after["id"] == running["id"]
         assert after["status"]["state"] == "TASK_STATE_FAILED"
         assert "restart" in texts(after["status"]["message"]["parts"])
+
+
+async def test_a_task_running_when_the_server_is_killed_ends_failed_on_restart(
+    tmp_path: Path, openai: ScriptedOpenAI
+) -> None:
+    """SIGKILL mid-answer (no shutdown code runs): after the restart the task is FAILED and keeps
+    what had been streamed; the conversation's turn got its terminal record too."""
+    openai.push(Hang(text_before="half an answer "))
+    async with spawn_server(str(tmp_path / "kill.db"), openai_base_url=openai.base_url) as srv:
+        async with httpx2.AsyncClient(base_url=srv.url, timeout=10) as http:
+            rpc = Rpc(http)
+            with trio.fail_after(30):
+                async with rpc.stream("SendStreamingMessage",
+                                      {"message": message("x", contextId="kill")}) as events:
+                    async for event in events:
+                        if "task" in event:
+                            task_id = event["task"]["id"]
+                        if "artifactUpdate" in event:
+                            break
+        srv.kill()
+        await srv.wait()
+        await srv.start()
+        async with httpx2.AsyncClient(base_url=srv.url, timeout=10) as http:
+            rpc = Rpc(http)
+            task = await rpc.call("GetTask", {"id": task_id}, pb.Task)
+            assert task["status"]["state"] == "TASK_STATE_FAILED"
+            assert "restart" in texts(task["status"]["message"]["parts"])
+            assert texts(task["artifacts"][0]["parts"]) == "half an answer "
+            conversation = (await http.get("/agentik/conversations")).json()["conversations"][0]
+            snapshot = (await http.get(
+                f"/agentik/conversations/{conversation['id']}/snapshot")).json()
+            assert snapshot["messages"][-1]["message"]["type"] == "error"
 
 
 # --- JSON-RPC errors -----------------------------------------------------------------------------
