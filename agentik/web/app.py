@@ -35,6 +35,7 @@ from agentik.web.errors import error_body
 from agentik.web.http import bp as http_bp
 from agentik.web.keepalive import shield_response_end
 from agentik.web.sse import bp as sse_bp
+from agentik.web.ui import bp as ui_bp
 from agentik.web.ws import bp as ws_bp
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ def create_app(
     app.register_blueprint(sse_bp)
     app.register_blueprint(ws_bp)
     a2a_web.mount_agentik(app, st, heartbeat=heartbeat)
+    app.register_blueprint(ui_bp)
 
     @app.before_serving
     async def _startup() -> None:
@@ -111,7 +113,7 @@ def create_app(
 
 
 async def _before_request() -> Response | None:
-    """Auth for every route but ``/healthz``."""
+    """Auth for every route but ``/healthz`` and ``auth.PUBLIC_ENDPOINTS``."""
     g.agentik_started = time.perf_counter()
     if request.path == "/healthz" or request.endpoint in auth.PUBLIC_ENDPOINTS:
         return None

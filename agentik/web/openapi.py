@@ -40,6 +40,7 @@ from agentik.wire import (
 
 REF = "#/components/schemas/{name}"
 SSE = "text/event-stream"
+HTML = "text/html"
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,14 @@ ROUTES: tuple[Route, ...] = (
           "A2A v1.0 JSON-RPC 2.0; SSE for SendStreamingMessage and SubscribeToTask; errors are "
           "JSON-RPC error objects with status 200 (see docs/A2A.md)", 200),
     Route("post", "/a2a/", "a2aJsonRpcSlash", "The same A2A endpoint (no redirect)", 200),
+    Route("get", "/", "webChat", "The built-in web chat (HTML page)", 200, ok_media=HTML,
+          open=True),
+    Route("get", "/agentik/ui", "webChatUi", "The built-in web chat (same page as `/`)", 200,
+          ok_media=HTML, open=True),
+    Route("get", "/agentik/ui/{name}", "webChatFile",
+          "A file of the web chat (CSS, ES module); 304 on a matching If-None-Match", 200,
+          params=(Param("name", "path", "file name", required=True),), errors=(404,),
+          open=True),
 )
 
 _ERROR_TEXT = {
@@ -196,6 +205,8 @@ def openapi_dict() -> dict[str, Any]:
             ok["content"] = {route.ok_media: {"schema": names[route.ok_type]}}
         elif route.operation_id == "openapi":
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}
+        elif route.ok_media != "application/json":
+            ok["content"] = {route.ok_media: {"schema": {"type": "string"}}}
         responses[str(route.ok)] = ok
         statuses = set(route.errors)
         if not route.open:

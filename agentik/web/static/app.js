@@ -1,0 +1,694 @@
+// The built-in web chat: wires the state (store.js) and the connection (sync.js) to the DOM.
+// Model output is untrusted: it only ever reaches the page as text nodes or through
+// renderMarkdown, which builds DOM nodes (never innerHTML).
+
+import { Api, ApiError, AuthError, NetworkError } from "./api.js";
+import { renderMarkdown } from "./markdown.js";
+import { Chat, ConversationList } from "./store.js";
+import { Connection } from "./sync.js";
+
+const $ = (id) => document.getElementById(id);
+const IMAGE_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+const STATUS_TEXT = {
+  connecting: "Connecting…",
+  live: "Live",
+  reconnecting: "Reconnecting…",
+  auth: "Token needed",
+};
+
+const api = new Api();
+const list = new ConversationList();
+/** @type {Chat | null} */
+let chat = null;
+/** key -> {node, sig} of the open chat's message elements */
+let nodes = new Map();
+let draftFrame = 0;
+let hadToken = Boolean(api.token);
+
+const connection = new Connection(api, {
+  status: showStatus,
+  agentReset(snapshot) {
+    list.replace(snapshot.conversations);
+    renderList();
+  },
+  agentEvent(common) {
+    if (list.apply(common)) renderList();
+    if (common.event.type === "deleted" && chat?.id === common.event.conversation_id) {
+      chatGone(chat.id);
+    }
+    if (common.event.type === "renamed" && chat?.id === common.event.conversation_id) renderHead();
+  },
+  chatReset(id, snapshot) {
+    if (chat?.id !== id) return;
+    chat.replace(snapshot);
+    renderChat();
+  },
+  chatEvent(id, common) {
+    if (chat?.id !== id || !chat.applyDurable(common)) return;
+    if (common.event.type === "deleted") chatGone(id);
+    else renderChat();
+  },
+  chatLive(id, common) {
+    if (chat?.id !== id || !chat.applyLive(common)) return;
+    scheduleDraft();
+  },
+  chatGone,
+});
+
+api.onUnauthorized = (message) => {
+  connection.pause("auth", message);
+  askToken(message);
+};
+
+// --- connection state and the token -------------------------------------------------------------
+
+function showStatus(state, detail) {
+  const el = $("connection-status");
+  el.dataset.state = state;
+  el.textContent = state === "reconnecting" && detail ? `Reconnecting: ${detail}` : STATUS_TEXT[state];
+  el.title = detail || "";
+  $("reconnect-now").hidden = state !== "reconnecting";
+  if (state === "auth") askToken(detail);
+}
+
+function askToken(message) {
+  const dialog = $("token-dialog");
+  $("token-message").textContent = hadToken
+    ? `The server refused the token (${message || "unauthorized"}). Enter another one.`
+    : "This server needs an access token.";
+  if (!dialog.open) {
+    dialog.showModal();
+    $("token-input").value = "";
+  }
+  $("token-input").focus();
+}
+
+$("token-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const token = $("token-input").value.trim();
+  if (!token) return;
+  api.setToken(token);
+  hadToken = true;
+  $("token-dialog").close();
+  $("change-token").hidden = false;
+  connection.start();
+});
+
+$("token-dialog").addEventListener("cancel", (event) => {
+  if (connection.state === "auth") event.preventDefault(); // nothing works without a token
+});
+
+$("change-token").addEventListener("click", () => {
+  hadToken = false;
+  connection.pause("auth", "");
+});
+
+$("reconnect-now").addEventListener("click", () => connection.retryNow());
+window.addEventListener("online", () => connection.retryNow());
+window.addEventListener("storage", (event) => {
+  if (event.key === "agentik.token") {
+    api.reloadToken();
+    if (connection.state === "auth" && api.token) {
+      $("token-dialog").close();
+      connection.start();
+    }
+  }
+});
+
+// --- notices -------------------------------------------------------------------------------------
+
+function notify(text) {
+  $("notice-text").textContent = text;
+  $("notice").hidden = false;
+}
+
+function failed(what, exc) {
+  if (exc instanceof AuthError) return; // the token dialog is up
+  if (exc instanceof NetworkError) notify(`${what}: the server cannot be reached. Try again.`);
+  else if (exc instanceof ApiError) notify(`${what}: ${exc.message}`);
+  else {
+    notify(`${what}: ${exc}`);
+    console.error(exc);
+  }
+}
+
+$("notice-close").addEventListener("click", () => {
+  $("notice").hidden = true;
+});
+
+// --- the conversation list -----------------------------------------------------------------------
+
+function titleOf(record) {
+  return record?.title || "Untitled conversation";
+}
+
+function timeText(seconds) {
+  const date = new Date(seconds * 1000);
+  const now = new Date();
+  return date.toDateString() === now.toDateString()
+    ? date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+    : date.toLocaleDateString([], { month: "short", day: "numeric" });
+}
+
+function renderList() {
+  const ul = $("conversation-list");
+  const focused = document.activeElement?.closest?.(".conv-item")?.dataset.id;
+  const items = list.sorted();
+  const rows = items.map((record) => {
+    const li = document.createElement("li");
+    li.className = "conv-item";
+    li.dataset.testid = "conversation-item";
+    li.dataset.id = record.id;
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "conv-open";
+    if (chat?.id === record.id) button.setAttribute("aria-current", "page");
+    const title = document.createElement("span");
+    title.className = "conv-title";
+    title.textContent = titleOf(record);
+    const time = document.createElement("time");
+    time.className = "conv-time";
+    time.dateTime = new Date(record.updated_at * 1000).toISOString();
+    time.textContent = timeText(record.updated_at);
+    button.append(title, time);
+    button.addEventListener("click", () => {
+      go(record.id);
+      closeSidebar();
+    });
+    li.append(button);
+    return li;
+  });
+  ul.replaceChildren(...rows);
+  $("conversation-empty").hidden = items.length > 0;
+  if (focused) ul.querySelector(`.conv-item[data-id="${CSS.escape(focused)}"] button`)?.focus();
+  if (chat) renderHead();
+}
+
+$("new-conversation").addEventListener("click", async () => {
+  try {
+    const record = await api.createConversation();
+    list.items.set(record.id, list.items.get(record.id) ?? record);
+    renderList();
+    go(record.id);
+    closeSidebar();
+    $("message-input").focus();
+  } catch (exc) {
+    failed("Could not create a conversation", exc);
+  }
+});
+
+// --- opening a conversation ----------------------------------------------------------------------
+
+function routeId() {
+  const m = /^#\/c\/([^/?#]+)$/.exec(window.location.hash);
+  return m ? decodeURIComponent(m[1]) : null;
+}
+
+function go(id) {
+  const hash = id ? `#/c/${encodeURIComponent(id)}` : "";
+  if (window.location.hash !== hash) {
+    if (hash) window.location.hash = hash;
+    else history.pushState(null, "", window.location.pathname + window.location.search);
+  }
+  openChat(id);
+}
+
+function openChat(id) {
+  if ((chat?.id ?? null) === id) return;
+  chat = id ? new Chat(id) : null;
+  nodes = new Map();
+  $("messages").replaceChildren();
+  cancelRename();
+  connection.openChat(id);
+  renderChat();
+  renderList();
+}
+
+window.addEventListener("hashchange", () => openChat(routeId()));
+
+function chatGone(id) {
+  if (chat?.id !== id) return;
+  chat.deleted = true;
+  chat.draft = null;
+  chat.runningTurn = null;
+  list.items.delete(id);
+  renderList();
+  renderChat();
+}
+
+function renderHead() {
+  const record = chat ? (list.items.get(chat.id) ?? chat.conversation) : null;
+  const title = chat ? (chat.deleted ? "Deleted conversation" : titleOf(record)) : "agentik";
+  $("chat-title").textContent = title;
+  document.title = chat ? `${title} · agentik` : "agentik";
+  $("chat-actions").hidden = !chat || chat.deleted;
+}
+
+// --- rename and delete ---------------------------------------------------------------------------
+
+$("rename-conversation").addEventListener("click", () => {
+  if (!chat) return;
+  $("rename-input").value = list.items.get(chat.id)?.title ?? chat.conversation?.title ?? "";
+  $("rename-form").hidden = false;
+  $("chat-title").hidden = true;
+  $("rename-input").focus();
+  $("rename-input").select();
+});
+
+function cancelRename() {
+  $("rename-form").hidden = true;
+  $("chat-title").hidden = false;
+}
+
+$("rename-cancel").addEventListener("click", cancelRename);
+$("rename-input").addEventListener("keydown", (event) => {
+  if (event.key === "Escape") cancelRename();
+});
+
+$("rename-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  if (!chat) return;
+  const id = chat.id;
+  const title = $("rename-input").value.trim() || null;
+  cancelRename();
+  try {
+    const record = await api.renameConversation(id, title);
+    if (list.items.has(id)) list.items.set(id, { ...list.items.get(id), title: record.title });
+    renderList();
+  } catch (exc) {
+    failed("Could not rename", exc);
+  }
+});
+
+let deleteArmed = null;
+$("delete-conversation").addEventListener("click", async () => {
+  if (!chat) return;
+  const button = $("delete-conversation");
+  if (deleteArmed !== chat.id) {
+    deleteArmed = chat.id;
+    button.textContent = "Really delete?";
+    setTimeout(() => {
+      deleteArmed = null;
+      button.textContent = "Delete";
+    }, 5000);
+    return;
+  }
+  const id = chat.id;
+  deleteArmed = null;
+  button.textContent = "Delete";
+  try {
+    await api.deleteConversation(id);
+    list.items.delete(id);
+    renderList();
+    go(null);
+  } catch (exc) {
+    failed("Could not delete", exc);
+  }
+});
+
+// --- messages ------------------------------------------------------------------------------------
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function meta(who, seconds) {
+  const head = el("div", "msg-meta");
+  head.append(el("span", "msg-who", who));
+  if (seconds) {
+    const time = el("time", "msg-time", timeText(seconds));
+    time.dateTime = new Date(seconds * 1000).toISOString();
+    head.append(time);
+  }
+  return head;
+}
+
+function image(part) {
+  if (!IMAGE_TYPES.has(part.mime) || !/^[A-Za-z0-9+/=\s]*$/.test(part.data)) {
+    return el("p", "muted", `[an image of type ${part.mime} is not shown]`);
+  }
+  const img = el("img", "msg-image");
+  img.alt = "image";
+  img.src = `data:${part.mime};base64,${part.data.replace(/\s/g, "")}`;
+  return img;
+}
+
+function messageShell(tag, role, key) {
+  const node = el(tag, `msg msg-${role}`);
+  node.dataset.testid = "message";
+  node.dataset.role = role;
+  node.dataset.key = key;
+  return node;
+}
+
+function contentNodes(content, markdown) {
+  const out = [];
+  for (const part of content ?? []) {
+    if (part.type === "text") {
+      if (markdown) {
+        const body = el("div", "md");
+        body.append(renderMarkdown(part.body));
+        out.push(body);
+      } else {
+        out.push(el("div", "msg-text", part.body));
+      }
+    } else if (part.type === "image") {
+      out.push(image(part));
+    }
+  }
+  return out;
+}
+
+function reasoningNode(text) {
+  const details = el("details", "reasoning");
+  details.append(el("summary", null, "Reasoning"), el("div", "reasoning-text", text));
+  return details;
+}
+
+function userNode(record) {
+  const node = messageShell("article", "user", record.id);
+  node.append(meta("You", record.created_at));
+  const body = el("div", "msg-body");
+  body.append(...contentNodes(record.message.content, false));
+  node.append(body);
+  return node;
+}
+
+function assistantNode(record) {
+  const message = record.message;
+  const node = messageShell("article", "assistant", record.id);
+  const head = meta("Assistant", record.created_at);
+  if (message.interrupted) {
+    node.dataset.interrupted = "true";
+    head.append(el("span", "badge", "interrupted"));
+  }
+  node.append(head);
+  if (message.reasoning) node.append(reasoningNode(message.reasoning));
+  const body = el("div", "msg-body");
+  body.append(...contentNodes(message.content, true));
+  if (!message.content?.length) body.append(el("p", "muted", "(no text)"));
+  node.append(body);
+  return node;
+}
+
+function pretty(json) {
+  try {
+    return JSON.stringify(JSON.parse(json), null, 2);
+  } catch {
+    return json;
+  }
+}
+
+function toolNode(key, call, result) {
+  const node = messageShell("details", "tool", key);
+  const status = !result ? "running" : result.message.is_error ? "error" : "done";
+  node.dataset.status = status;
+  const name = (call ?? result).message.name || "(unnamed tool)";
+  const summary = el("summary", "tool-summary");
+  summary.append(
+    el("span", "msg-who", "Tool"),
+    el("code", "tool-name", name),
+    el("span", `badge badge-${status}`, status === "done" ? "result" : status),
+  );
+  node.append(summary);
+  if (call) {
+    node.append(el("div", "tool-label", "Arguments"), el("pre", "tool-args", pretty(call.message.arguments)));
+  }
+  if (result) {
+    node.append(el("div", "tool-label", result.message.is_error ? "Error" : "Result"),
+      el("pre", "tool-result", result.message.content));
+  }
+  return node;
+}
+
+function errorNode(record) {
+  const node = messageShell("article", "error", record.id);
+  node.setAttribute("role", "note");
+  node.append(meta("Error", record.created_at));
+  const text = el("p", "msg-text", record.message.message);
+  node.append(text, el("p", "muted", `code: ${record.message.code}`));
+  return node;
+}
+
+function interruptedNode(turnId) {
+  const node = el("p", "notice-line", "The answer was interrupted before any text.");
+  node.dataset.testid = "interrupted-notice";
+  node.dataset.key = `interrupted:${turnId}`;
+  return node;
+}
+
+function draftNode() {
+  const draft = chat.draft;
+  const node = messageShell("article", "assistant", "draft");
+  node.dataset.draft = "true";
+  node.setAttribute("aria-busy", draft.ended ? "false" : "true");
+  node.append(meta("Assistant", 0));
+  if (draft.reasoning) node.append(reasoningNode(draft.reasoning));
+  const body = el("div", "msg-body");
+  if (draft.text) {
+    const md = el("div", "md");
+    md.append(renderMarkdown(draft.text));
+    body.append(md);
+  } else if (!draft.images.length) {
+    const dots = el("p", "typing", "Thinking…");
+    body.append(dots);
+  }
+  for (const part of draft.images) body.append(image(part));
+  node.append(body);
+  return node;
+}
+
+/** The message elements the chat should show, in order: [{key, sig, build}]. */
+function wantedNodes() {
+  const out = [];
+  const items = chat.items();
+  const results = new Map();
+  const calls = new Set();
+  for (const item of items) {
+    if (item.kind !== "record") continue;
+    const m = item.record.message;
+    if (m.type === "tool_call") calls.add(m.call_id);
+    if (m.type === "tool_result" && !results.has(m.call_id)) results.set(m.call_id, item.record);
+  }
+  for (const item of items) {
+    if (item.kind === "interrupted") {
+      out.push({ key: `interrupted:${item.turnId}`, sig: "", build: () => interruptedNode(item.turnId) });
+      continue;
+    }
+    const record = item.record;
+    const m = record.message;
+    switch (m.type) {
+      case "user_message":
+        out.push({ key: record.id, sig: "", build: () => userNode(record) });
+        break;
+      case "assistant_message":
+        out.push({ key: record.id, sig: "", build: () => assistantNode(record) });
+        break;
+      case "tool_call": {
+        const result = results.get(m.call_id);
+        out.push({ key: record.id, sig: result?.id ?? "", build: () => toolNode(record.id, record, result) });
+        break;
+      }
+      case "tool_result":
+        if (!calls.has(m.call_id) || results.get(m.call_id) !== record) {
+          out.push({ key: record.id, sig: "", build: () => toolNode(record.id, null, record) });
+        }
+        break;
+      case "error":
+        out.push({ key: record.id, sig: "", build: () => errorNode(record) });
+        break;
+      default:
+        break;
+    }
+  }
+  if (chat.draft) out.push({ key: "draft", sig: null, build: draftNode });
+  return out;
+}
+
+function nearBottom(box) {
+  return box.scrollHeight - box.scrollTop - box.clientHeight < 80;
+}
+
+function renderChat() {
+  const box = $("messages");
+  renderHead();
+  renderComposer();
+  if (!chat) {
+    box.replaceChildren($("placeholder") ?? placeholder());
+    return;
+  }
+  const stick = nearBottom(box);
+  const wanted = wantedNodes();
+  const next = new Map();
+  const children = [];
+  for (const want of wanted) {
+    const old = nodes.get(want.key);
+    let node;
+    if (old && want.sig !== null && old.sig === want.sig) {
+      node = old.node;
+    } else {
+      node = want.build();
+      // Keep a tool call open if the reader opened it.
+      if (old?.node.open) node.open = true;
+    }
+    next.set(want.key, { node, sig: want.sig });
+    children.push(node);
+  }
+  if (chat.deleted) children.push(el("p", "placeholder", "This conversation was deleted."));
+  else if (!children.length) children.push(el("p", "placeholder", "No messages yet. Say something!"));
+  nodes = next;
+  // Move or insert only what is out of place (open <details>, selections and focus survive).
+  let cursor = box.firstChild;
+  for (const node of children) {
+    if (node === cursor) {
+      cursor = cursor.nextSibling;
+    } else {
+      box.insertBefore(node, cursor);
+    }
+  }
+  while (cursor) {
+    const after = cursor.nextSibling;
+    cursor.remove();
+    cursor = after;
+  }
+  if (stick) box.scrollTop = box.scrollHeight;
+}
+
+function placeholder() {
+  const p = el("p", "placeholder", "Start a new conversation, or pick one from the list.");
+  p.id = "placeholder";
+  return p;
+}
+
+/** Streaming: redraw the draft at most once per frame. */
+function scheduleDraft() {
+  if (draftFrame) return;
+  draftFrame = requestAnimationFrame(() => {
+    draftFrame = 0;
+    renderChat();
+  });
+}
+
+// --- the composer --------------------------------------------------------------------------------
+
+let sending = false;
+
+function renderComposer() {
+  const disabled = !chat ? false : chat.deleted;
+  $("message-input").disabled = disabled;
+  $("send").disabled = disabled || sending;
+  $("stop").hidden = !chat?.running;
+}
+
+const input = $("message-input");
+
+function autoGrow() {
+  input.style.height = "auto";
+  input.style.height = `${Math.min(input.scrollHeight, 240)}px`;
+}
+
+input.addEventListener("input", autoGrow);
+input.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.altKey && !event.ctrlKey && !event.metaKey
+      && !event.isComposing) {
+    event.preventDefault();
+    $("composer").requestSubmit();
+  }
+});
+
+$("composer").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const text = input.value;
+  if (!text.trim() || sending) return;
+  sending = true;
+  renderComposer();
+  try {
+    let id = chat && !chat.deleted ? chat.id : null;
+    if (!id) {
+      const record = await api.createConversation();
+      list.items.set(record.id, list.items.get(record.id) ?? record);
+      go(record.id);
+      id = record.id;
+    }
+    const untitled = chat?.id === id && chat.records.size === 0 && !list.items.get(id)?.title;
+    await api.send(id, text);
+    if (untitled) autoTitle(id, text);
+    if (input.value === text) {
+      input.value = "";
+      autoGrow();
+    }
+  } catch (exc) {
+    if (exc instanceof ApiError && exc.code === "mailbox_full") {
+      notify("Too many messages are waiting for an answer; try again in a moment.");
+    } else {
+      failed("Could not send", exc);
+    }
+  } finally {
+    sending = false;
+    renderComposer();
+    input.focus();
+  }
+});
+
+/** Name an untitled conversation after its first message (its first line, shortened). */
+function autoTitle(id, text) {
+  const line = text.trim().split("\n")[0].trim();
+  const title = line.length > 48 ? `${line.slice(0, 47).trimEnd()}…` : line;
+  if (!title) return;
+  api.renameConversation(id, title).catch(() => {}); // only a convenience
+}
+
+$("stop").addEventListener("click", async () => {
+  if (!chat) return;
+  try {
+    await api.interrupt(chat.id);
+  } catch (exc) {
+    failed("Could not stop", exc);
+  }
+});
+
+// --- the sidebar on small screens ----------------------------------------------------------------
+
+function closeSidebar() {
+  $("app").classList.remove("sidebar-open");
+  $("toggle-sidebar").setAttribute("aria-expanded", "false");
+  $("scrim").hidden = true;
+}
+
+$("toggle-sidebar").addEventListener("click", () => {
+  const open = !$("app").classList.contains("sidebar-open");
+  $("app").classList.toggle("sidebar-open", open);
+  $("toggle-sidebar").setAttribute("aria-expanded", String(open));
+  $("scrim").hidden = !open;
+  if (open) $("new-conversation").focus();
+});
+$("scrim").addEventListener("click", closeSidebar);
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && $("app").classList.contains("sidebar-open")) closeSidebar();
+});
+
+// --- start ---------------------------------------------------------------------------------------
+
+/** For people (and tests) who script the page: read-only views of the sync state. */
+window.agentik = Object.freeze({
+  get stats() {
+    return { ...connection.stats };
+  },
+  get state() {
+    return connection.state;
+  },
+  get conversationId() {
+    return chat?.id ?? null;
+  },
+  get cursors() {
+    return { agent: connection.agentCursor, chat: connection.chat?.cursor ?? null };
+  },
+});
+
+$("change-token").hidden = !api.token;
+openChat(routeId());
+renderChat();
+connection.start();

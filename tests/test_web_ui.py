@@ -1,0 +1,767 @@
+"""The built-in web chat (issue 15) in a real headless Chromium, driven by playwright's sync API.
+
+The servers (the scripted model, agentik on a real hypercorn, a TCP proxy in front of agentik)
+run in the test's trio loop. The browser runs in one dedicated thread for the whole module,
+because playwright's sync objects belong to the thread that made them. A test drives it with
+``await session.run(step)``: a step is a plain function run in that thread; between steps the
+test task changes the world (opens a gate of the scripted model, restarts the server, cuts or
+refuses the page's connections at the proxy). Every page is watched: an uncaught error, or a
+request to anything but the server, fails the test when its session closes.
+
+Needs Debian's ``chromium`` and the ``playwright`` package (no browser download). Without them
+the browser tests are skipped, except under CI, where they fail.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import queue
+import re
+import shutil
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx2
+import pytest
+import trio
+
+from agentik.config import Config
+from agentik.tools.base import FunctionTools
+from tests.scripted_openai import Fail, Hang, Reply, ScriptedOpenAI, ToolCalls, open_scripted_openai
+from tests.tcp_proxy import TcpProxy, open_tcp_proxy
+from tests.webutil import (  # noqa: F401 - fixtures are used by name
+    Server,
+    make_config,
+    no_error_logs,
+    open_sse,
+    serve_app,
+)
+
+try:
+    from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+except ImportError:  # pragma: no cover - reported by the skip below
+    sync_playwright = None
+
+T = TypeVar("T")
+
+CHROMIUM = os.environ.get("AGENTIK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+#: a step that takes longer than this has hung (playwright's own timeouts are shorter)
+STEP_TIMEOUT = 40.0
+#: how long playwright waits for a condition
+WAIT_MS = 10_000
+IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+#: set to a path (e.g. docs/ui.png) to save the screenshot the tools test takes
+SCREENSHOT = os.environ.get("AGENTIK_UI_SCREENSHOT")
+
+
+def _browser_missing() -> str | None:
+    if sync_playwright is None:
+        return "the playwright package is not installed (pip install playwright)"
+    if not os.path.exists(CHROMIUM):
+        return f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"
+    return None
+
+
+MISSING = _browser_missing()
+if MISSING is None:
+    expect.set_options(timeout=WAIT_MS)
+needs_browser = pytest.mark.skipif(
+    MISSING is not None and not IN_CI, reason=f"the web chat tests need a browser: {MISSING}"
+)
+
+STATUS = '[data-testid="connection-status"]'
+MESSAGES = '[data-testid="message"]:not([data-draft])'
+DRAFT = '[data-testid="message"][data-draft]'
+ITEMS = '[data-testid="conversation-item"]'
+INPUT = '[data-testid="message-input"]'
+ASSISTANT = '[data-testid="message"][data-role="assistant"]:not([data-draft])'
+
+
+# --- the browser thread --------------------------------------------------------------------------
+
+
+class BrowserThread:
+    """Chromium in a thread of its own; ``await call(fn)`` runs ``fn(browser)`` there."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[Callable[[Any], Any], concurrent.futures.Future[Any]] | None]
+        self._jobs = queue.Queue()
+        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._main, name="playwright", daemon=True)
+        self._thread.start()
+        self._ready.result(timeout=60)  # a launch failure is raised here
+
+    def _main(self) -> None:
+        try:
+            assert sync_playwright is not None, MISSING
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                self._ready.set_result(None)
+                while (job := self._jobs.get()) is not None:
+                    fn, future = job
+                    if not future.set_running_or_notify_cancel():
+                        continue
+                    try:
+                        future.set_result(fn(browser))
+                    except BaseException as exc:
+                        future.set_exception(exc)
+                browser.close()
+        except BaseException as exc:
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+
+    async def call(self, fn: Callable[[Browser], T]) -> T:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._jobs.put((fn, future))
+        return await trio.to_thread.run_sync(future.result, STEP_TIMEOUT, abandon_on_cancel=True)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def browser_thread() -> Iterator[BrowserThread]:
+    if MISSING is not None:
+        pytest.fail(f"CI must run the web chat tests, but {MISSING}")
+    bt = BrowserThread()
+    try:
+        yield bt
+    finally:
+        bt.close()
+
+
+@dataclass
+class Session:
+    """One browser context (its own localStorage) and its pages, all watched."""
+
+    bt: BrowserThread
+    base: str
+    viewport: dict[str, int] = field(default_factory=lambda: {"width": 1280, "height": 800})
+    context: BrowserContext | None = None
+    pages: list[Page] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)
+    #: (url, Authorization header) of every fetch to the API
+    api_requests: list[tuple[str, str | None]] = field(default_factory=list)
+    websockets: list[str] = field(default_factory=list)
+
+    async def run(self, step: Callable[..., T], *args: Any) -> T:
+        return await self.bt.call(lambda _browser: step(*args))
+
+    def page(self, path: str = "/") -> Page:
+        """(browser thread) A new watched tab at ``path``."""
+        assert self.context is not None
+        page = self.context.new_page()
+        page.on("pageerror", lambda exc: self.errors.append(f"{page.url}: {exc}"))
+        page.on("request", self._request)
+        page.on("websocket", self._websocket)
+        page.goto(self.base + path)
+        self.pages.append(page)
+        return page
+
+    def _request(self, request: Any) -> None:
+        url = request.url
+        if not (url.startswith(self.base + "/") or url.startswith("data:")):
+            self.outside.append(url)
+        elif url.startswith(self.base + "/agentik/") and not url.startswith(
+            self.base + "/agentik/ui/"
+        ):
+            self.api_requests.append((url, request.headers.get("authorization")))
+
+    def _websocket(self, ws: Any) -> None:
+        self.websockets.append(ws.url)
+        if not ws.url.startswith("ws" + self.base.removeprefix("http") + "/"):
+            self.outside.append(ws.url)
+
+
+@asynccontextmanager
+async def open_session(
+    bt: BrowserThread, base: str, viewport: dict[str, int] | None = None
+) -> AsyncIterator[Session]:
+    session = Session(bt, base)
+    if viewport:
+        session.viewport = viewport
+
+    def start(browser: Browser) -> None:
+        session.context = browser.new_context(viewport=session.viewport)
+        session.context.set_default_timeout(WAIT_MS)
+
+    await bt.call(start)
+    try:
+        yield session
+    finally:
+        ctx = session.context
+        if ctx is not None:
+            await bt.call(lambda _b: ctx.close())
+    assert not session.errors, session.errors
+    assert not session.outside, session.outside
+
+
+# --- the servers ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """Scripted model + agentik (restartable) + the proxy the browser goes through."""
+
+    openai: ScriptedOpenAI
+    config: Config
+    proxy: TcpProxy
+    tools: FunctionTools | None = None
+    server: Server | None = None
+    http: httpx2.AsyncClient | None = None
+    _cm: Any = None
+
+    @property
+    def base(self) -> str:
+        return self.proxy.url
+
+    @property
+    def client(self) -> httpx2.AsyncClient:
+        assert self.http is not None
+        return self.http
+
+    async def start(self, **changes: Any) -> None:
+        if changes:
+            self.config = self.config.replace(**changes)
+        self._cm = serve_app(self.config, tools=self.tools)
+        self.server = await self._cm.__aenter__()
+        port = int(self.server.url.rpartition(":")[2])
+        self.proxy.retarget("127.0.0.1", port)
+        headers = {"Authorization": f"Bearer {self.config.tokens[0]}"} if self.config.tokens else {}
+        self.http = httpx2.AsyncClient(base_url=self.server.url, headers=headers, timeout=10)
+
+    async def stop(self) -> None:
+        if self.http is not None:
+            await self.http.aclose()
+            self.http = None
+        if self._cm is not None:
+            cm, self._cm = self._cm, None
+            await cm.__aexit__(None, None, None)
+
+    async def wait_answer(self, cid: str, after: str) -> None:
+        """Wait until conversation ``cid`` has an answer (or error) after cursor ``after``."""
+        async with open_sse(self.client, f"/agentik/conversations/{cid}/events", after=after) as s:
+            with trio.fail_after(10):
+                while (await s.next_event()).event not in ("assistant_message", "error"):
+                    pass
+
+    async def cursor(self) -> str:
+        return str((await self.client.get("/agentik/cursor")).json()["current"])
+
+    async def snapshot_ids(self, cid: str) -> list[str]:
+        snap = (await self.client.get(f"/agentik/conversations/{cid}/snapshot")).json()
+        return [m["id"] for m in sorted(snap["messages"], key=lambda m: m["seq"])]
+
+    async def conversation_ids(self) -> list[str]:
+        body = (await self.client.get("/agentik/conversations")).json()
+        return [c["id"] for c in body["conversations"]]
+
+
+@asynccontextmanager
+async def open_stack(
+    tmp_path: Path, tools: FunctionTools | None = None, **changes: Any
+) -> AsyncIterator[Stack]:
+    async with open_scripted_openai() as openai, open_tcp_proxy("127.0.0.1", 9) as proxy:
+        stack = Stack(openai, make_config(tmp_path, openai, **changes), proxy, tools)
+        await stack.start()
+        try:
+            yield stack
+        finally:
+            await stack.stop()
+
+
+# --- page helpers (browser thread) ---------------------------------------------------------------
+
+
+def wait_live(page: Page) -> None:
+    expect(page.locator(STATUS)).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+
+
+def send(page: Page, text: str) -> None:
+    page.locator(INPUT).fill(text)
+    page.locator(INPUT).press("Enter")
+    expect(page.locator(INPUT)).to_have_value("")
+
+
+def message_keys(page: Page) -> list[str]:
+    keys: list[str] = page.locator(MESSAGES).evaluate_all("els => els.map(e => e.dataset.key)")
+    return keys
+
+
+def open_conversation_id(page: Page) -> str:
+    m = re.search(r"#/c/([^/]+)$", page.url)
+    assert m, page.url
+    return m.group(1)
+
+
+def stats(page: Page) -> dict[str, int]:
+    result: dict[str, int] = page.evaluate("() => window.agentik.stats")
+    return result
+
+
+# --- tests: static files (no browser) ------------------------------------------------------------
+
+
+async def test_the_page_and_its_files_are_served_with_a_strict_policy(tmp_path: Path) -> None:
+    async with open_stack(tmp_path, tokens=("tok1",)) as stack:
+        async with httpx2.AsyncClient(base_url=stack.server.url if stack.server else "") as c:
+            for path in ("/", "/agentik/ui"):
+                page = await c.get(path)  # public even with AGENTIK_TOKENS set
+                assert page.status_code == 200, path
+                assert page.headers["content-type"].startswith("text/html")
+                assert 'data-testid="message-input"' in page.text
+                policy = page.headers["content-security-policy"]
+                assert "script-src 'self'" in policy and "default-src 'none'" in policy
+                assert "unsafe-inline" not in policy
+            # Nothing the page loads comes from elsewhere.
+            assert not re.search(r"""(src|href)=["']?(https?:)?//""", page.text)
+            js = await c.get("/agentik/ui/app.js")
+            assert js.status_code == 200
+            assert js.headers["content-type"].startswith("text/javascript")
+            assert (await c.get("/agentik/ui/app.js", headers={"If-None-Match": js.headers["etag"]})
+                    ).status_code == 304
+            for name in ("style.css", "markdown.js", "sync.js", "store.js", "api.js"):
+                assert (await c.get(f"/agentik/ui/{name}")).status_code == 200, name
+            missing = await c.get("/agentik/ui/nothing.js")
+            assert missing.status_code == 404
+            assert missing.json()["error"]["code"] == "not_found"
+            assert (await c.get("/agentik/ui/..%2Fui.py")).status_code in (401, 404)
+            # The API itself still wants the token.
+            assert (await c.get("/agentik/cursor")).status_code == 401
+
+
+def test_model_text_is_never_given_to_innerHTML() -> None:
+    """The page builds DOM nodes from model text; no file of it parses HTML from a string."""
+    static = Path(__file__).parent.parent / "agentik" / "web" / "static"
+    for path in static.glob("*.js"):
+        source = path.read_text()
+        sinks = re.findall(
+            r"\.(?:inner|outer)HTML\b|insertAdjacentHTML|document\.write|DOMParser"
+            r"|createContextualFragment|\beval\(|new Function|srcdoc", source,
+        )
+        assert not sinks, (path.name, sinks)
+
+
+# --- tests: in the browser -----------------------------------------------------------------------
+
+
+@needs_browser
+async def test_chat_streams_token_by_token_renders_markdown_and_keeps_history(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    gate = trio.Event()
+    async with open_stack(tmp_path) as stack, open_session(browser_thread, stack.base) as s:
+        stack.openai.push(Reply(
+            ["Hello ", "**bold** and *slanted*\n\n- one\n- two\n\n```\ncode <b>x</b>\n```"],
+            gate=gate,
+        ))
+
+        def start() -> Page:
+            page = s.page("/")
+            wait_live(page)
+            expect(page.locator(ITEMS)).to_have_count(0)
+            page.get_by_test_id("new-conversation").click()
+            expect(page.locator(ITEMS)).to_have_count(1)
+            expect(page.locator(INPUT)).to_be_focused()
+            # Shift+Enter is a newline, Enter sends.
+            page.locator(INPUT).type("first line")
+            page.keyboard.press("Shift+Enter")
+            page.locator(INPUT).type("second line")
+            expect(page.locator(INPUT)).to_have_value("first line\nsecond line")
+            page.keyboard.press("Enter")
+            user = page.locator('[data-testid="message"][data-role="user"]')
+            expect(user).to_have_count(1)
+            expect(user.locator(".msg-text")).to_have_text("first line\nsecond line")
+            # The first token is on the page while the model holds the rest back.
+            expect(page.locator(DRAFT)).to_contain_text("Hello")
+            expect(page.locator(ASSISTANT)).to_have_count(0)
+            expect(page.get_by_test_id("stop")).to_be_visible()
+            return page
+
+        page = await s.run(start)
+        assert stack.openai.requests[-1]["messages"][-1]["content"] == "first line\nsecond line"
+        gate.set()
+
+        def finish() -> None:
+            answer = page.locator(ASSISTANT)
+            expect(answer).to_have_count(1)
+            expect(page.locator(DRAFT)).to_have_count(0)
+            expect(answer.locator("strong")).to_have_text("bold")
+            expect(answer.locator("em")).to_have_text("slanted")
+            expect(answer.locator("li")).to_have_text(["one", "two"])
+            expect(answer.locator("pre code")).to_have_text("code <b>x</b>")
+            expect(answer.locator("b")).to_have_count(0)
+            expect(page.get_by_test_id("stop")).to_be_hidden()
+            keys = message_keys(page)
+            cid = open_conversation_id(page)
+            # A reload shows the same history (from the snapshot), once.
+            page.reload()
+            wait_live(page)
+            expect(page.locator(MESSAGES)).to_have_count(2)
+            assert message_keys(page) == keys
+            assert open_conversation_id(page) == cid
+            expect(page.locator(ASSISTANT).locator("strong")).to_have_text("bold")
+            expect(page.locator(ITEMS)).to_have_count(1)
+            expect(page.locator(ITEMS).locator('[aria-current="page"]')).to_have_count(1)
+
+        await s.run(finish)
+
+
+@needs_browser
+async def test_html_and_script_from_the_model_never_run(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    attack = (
+        '<img src=x onerror="window.__pwned=1"> <script>window.__pwned=2</script> '
+        "[click](javascript:window.__pwned=3) ![pic](http://example.invalid/pic.png) "
+        '<a href="/x" onclick="window.__pwned=4">a</a> <iframe src="/agentik/cursor"></iframe>'
+    )
+    tools = FunctionTools()
+    tools.add(lambda: attack, name="html", description="returns HTML")
+    async with open_stack(tmp_path, tools) as stack, open_session(browser_thread, stack.base) as s:
+        stack.openai.push(ToolCalls([("call_1", "html", "{}")]), Reply(attack, chunk_delay=0.01))
+
+        def step() -> None:
+            page = s.page("/")
+            wait_live(page)
+            send(page, f"say {attack}")  # the user's own text too
+            expect(page.locator(ASSISTANT)).to_have_count(1)
+            tool = page.locator('[data-testid="message"][data-role="tool"]')
+            tool.locator("summary").click()
+            expect(tool.locator(".tool-result")).to_contain_text("<script>window.__pwned=2")
+            answer = page.locator(ASSISTANT)
+            expect(answer).to_contain_text('<img src=x onerror="window.__pwned=1">')
+            expect(answer).to_contain_text("<script>window.__pwned=2</script>")
+            chat = page.locator("#messages")
+            assert chat.locator("img, script, iframe, [onclick], [onerror]").count() == 0
+            hrefs = chat.locator("a").evaluate_all("els => els.map(a => a.getAttribute('href'))")
+            assert all(h.startswith("http://example.invalid/") for h in hrefs), hrefs
+            assert page.evaluate("() => window.__pwned") is None
+            page.reload()
+            wait_live(page)
+            expect(page.locator(ASSISTANT)).to_contain_text("<script>")
+            assert page.evaluate("() => window.__pwned") is None
+
+        await s.run(step)
+        # The page never asked for "x" (the <img src=x>) nor for anything outside (session check).
+        assert not [u for u, _ in s.api_requests if u.endswith("/x")]
+
+
+@needs_browser
+async def test_tool_calls_errors_and_stop(tmp_path: Path, browser_thread: BrowserThread) -> None:
+    tools = FunctionTools()
+    tools.add(lambda a, b: a + b, name="add", description="adds two numbers")
+    async with open_stack(tmp_path, tools) as stack, open_session(browser_thread, stack.base) as s:
+        stack.openai.push(
+            ToolCalls([("call_1", "add", '{"a": 2, "b": 3}')]),
+            Reply("The sum is **5**:\n\n1. add `2`\n2. and `3`"),
+            Fail(400, "the model refused this"),
+            Hang(text_before="partial answer"),
+        )
+
+        def tools_and_error() -> Page:
+            page = s.page("/")
+            wait_live(page)
+            send(page, "What is 2 + 3?")
+            expect(page.locator(ASSISTANT)).to_contain_text("The sum is 5")
+            tool = page.locator('[data-testid="message"][data-role="tool"]')
+            expect(tool).to_have_count(1)
+            expect(tool).to_have_attribute("data-status", "done")
+            expect(tool.locator(".tool-name")).to_have_text("add")
+            # Collapsed until opened.
+            expect(tool.locator(".tool-result")).to_be_hidden()
+            tool.locator("summary").click()
+            expect(tool.locator(".tool-result")).to_have_text("5")
+            expect(tool.locator(".tool-args")).to_contain_text('"a": 2')
+            send(page, "again")
+            error = page.locator('[data-testid="message"][data-role="error"]')
+            expect(error).to_have_count(1)
+            expect(error).to_contain_text("the model refused this")
+            send(page, "hang")
+            expect(page.locator(DRAFT)).to_contain_text("partial answer")
+            return page
+
+        page = await s.run(tools_and_error)
+        with trio.fail_after(10):
+            await stack.openai.wait_requests(4)  # the Hang step is streaming
+
+        def stop() -> None:
+            page.get_by_test_id("stop").click()
+            answers = page.locator(ASSISTANT)
+            expect(answers).to_have_count(2)
+            interrupted = answers.nth(1)
+            expect(interrupted).to_have_attribute("data-interrupted", "true")
+            expect(interrupted).to_contain_text("partial answer")
+            expect(interrupted.locator(".badge")).to_have_text("interrupted")
+            expect(page.get_by_test_id("stop")).to_be_hidden()
+            expect(page.locator(DRAFT)).to_have_count(0)
+            roles = page.locator(MESSAGES).evaluate_all("els => els.map(e => e.dataset.role)")
+            assert roles == ["user", "tool", "assistant", "user", "error", "user", "assistant"]
+            page.locator('[data-testid="message"][data-role="tool"] summary').click()  # close
+            page.locator(INPUT).fill("Try **markdown**, tools and streaming")
+            if SCREENSHOT:
+                page.screenshot(path=SCREENSHOT)
+
+        await s.run(stop)
+
+
+@needs_browser
+async def test_two_tabs_stay_in_step(tmp_path: Path, browser_thread: BrowserThread) -> None:
+    gate = trio.Event()
+    async with open_stack(tmp_path) as stack, open_session(browser_thread, stack.base) as s:
+        stack.openai.push(Reply(["Streaming ", "to both tabs"], gate=gate))
+
+        def start() -> tuple[Page, Page]:
+            a = s.page("/")
+            b = s.page("/")
+            wait_live(a)
+            wait_live(b)
+            a.get_by_test_id("new-conversation").click()
+            expect(b.locator(ITEMS)).to_have_count(1)  # created elsewhere: appears live
+            b.locator(ITEMS).first.locator("button").click()
+            wait_live(b)
+            send(a, "hello from A")
+            for tab in (a, b):
+                expect(tab.locator('[data-role="user"]')).to_have_text(re.compile("hello from A"))
+                expect(tab.locator(DRAFT)).to_contain_text("Streaming")
+            return a, b
+
+        a, b = await s.run(start)
+        gate.set()
+
+        def rest() -> None:
+            for tab in (a, b):
+                expect(tab.locator(ASSISTANT)).to_have_text(re.compile("Streaming to both tabs"))
+                expect(tab.locator(DRAFT)).to_have_count(0)
+            assert message_keys(a) == message_keys(b)
+            # Rename in B: A's list and title follow.
+            b.get_by_test_id("rename-conversation").click()
+            b.get_by_label("Conversation title").fill("Renamed in B")
+            b.get_by_label("Conversation title").press("Enter")
+            expect(a.locator(ITEMS)).to_have_text(re.compile("Renamed in B"))
+            expect(a.locator("#chat-title")).to_have_text("Renamed in B")
+            # A second conversation from A appears in B, newest first.
+            a.get_by_test_id("new-conversation").click()
+            expect(b.locator(ITEMS)).to_have_count(2)
+            expect(b.locator(ITEMS).nth(1)).to_contain_text("Renamed in B")
+            # B deletes the renamed one (two clicks); A's list drops it.
+            b.get_by_test_id("delete-conversation").click()
+            b.get_by_test_id("delete-conversation").click()
+            expect(b.locator(ITEMS)).to_have_count(1)
+            expect(a.locator(ITEMS)).to_have_count(1)
+            expect(a.locator(ITEMS)).not_to_contain_text("Renamed in B")
+
+        await s.run(rest)
+
+
+@needs_browser
+async def test_server_restart_reconnects_and_resumes_from_the_cursor(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    async with open_stack(tmp_path) as stack, open_session(browser_thread, stack.base) as s:
+
+        def start() -> Page:
+            page = s.page("/")
+            wait_live(page)
+            send(page, "before the restart")
+            expect(page.locator(ASSISTANT)).to_have_text(re.compile("echo: before the restart"))
+            return page
+
+        page = await s.run(start)
+        cid = await s.run(open_conversation_id, page)
+        before = await s.run(stats, page)
+        await stack.stop()
+        stack.proxy.refuse = True  # down: new connections are closed at once
+        await stack.proxy.cut_all()
+
+        def down() -> None:
+            expect(page.locator(STATUS)).to_have_attribute("data-state", "reconnecting")
+            expect(page.locator(STATUS)).to_contain_text(re.compile(r"reconnecting in \d+ s"))
+
+        await s.run(down)
+        # Up again on the same database; another client talks while the page is still away.
+        await stack.start()
+        after = await stack.cursor()
+        await stack.client.post(f"/agentik/conversations/{cid}/messages",
+                                json={"content": [{"type": "text", "body": "while away"}]})
+        await stack.wait_answer(cid, after)
+        stack.proxy.refuse = False
+
+        def back() -> None:
+            wait_live(page)  # by itself, with backoff
+            expect(page.locator(ASSISTANT)).to_have_count(2)
+            expect(page.locator(ASSISTANT).nth(1)).to_have_text(re.compile("echo: while away"))
+            send(page, "after the restart")
+            expect(page.locator(ASSISTANT)).to_have_count(3)
+
+        await s.run(back)
+        assert await s.run(message_keys, page) == await stack.snapshot_ids(cid)
+        now = await s.run(stats, page)
+        # Resumed from its cursors (agent list and chat), not resynced from a snapshot.
+        assert now["resyncs"] == before["resyncs"]
+        assert now["resumes"] >= before["resumes"] + 2
+        assert now["connects"] > before["connects"]
+
+
+@needs_browser
+async def test_dead_cursor_resyncs_with_nothing_lost_or_doubled(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    async with open_stack(tmp_path, outbox_cap=3) as stack, open_session(
+        browser_thread, stack.base
+    ) as s:
+        other = (await stack.client.post("/agentik/conversations", json={"title": "other"})).json()
+
+        def start() -> Page:
+            page = s.page("/")
+            wait_live(page)
+            expect(page.locator(ITEMS)).to_have_count(1)
+            send(page, "one")
+            expect(page.locator(ASSISTANT)).to_have_count(1)
+            expect(page.locator(ITEMS)).to_have_count(2)
+            return page
+
+        page = await s.run(start)
+        cid = await s.run(open_conversation_id, page)
+        cursors = await s.run(lambda: page.evaluate("() => window.agentik.cursors"))
+        before = await s.run(stats, page)
+        stack.proxy.refuse = True
+        await stack.proxy.cut_all()
+        await s.run(lambda: expect(page.locator(STATUS)).to_have_attribute(
+            "data-state", "reconnecting"))
+        # Meanwhile: more changes than the outbox keeps.
+        for text in ("two", "three"):
+            after = await stack.cursor()
+            await stack.client.post(f"/agentik/conversations/{cid}/messages",
+                                    json={"content": [{"type": "text", "body": text}]})
+            await stack.wait_answer(cid, after)
+        await stack.client.patch(f"/agentik/conversations/{cid}", json={"title": "renamed away"})
+        assert (await stack.client.delete(f"/agentik/conversations/{other['id']}")).status_code == 204
+        third = (await stack.client.post("/agentik/conversations", json={"title": "third"})).json()
+        for cursor in (cursors["agent"], cursors["chat"]):
+            dead = await stack.client.get("/agentik/events", params={"after": cursor})
+            assert dead.status_code == 410, cursor
+        stack.proxy.refuse = False
+
+        def back() -> None:
+            page.get_by_test_id("reconnect-now").click()
+            wait_live(page)
+            expect(page.locator(ASSISTANT)).to_have_count(3)
+            expect(page.locator("#chat-title")).to_have_text("renamed away")
+            expect(page.locator(ITEMS)).to_have_count(2)
+
+        await s.run(back)
+        assert await s.run(message_keys, page) == await stack.snapshot_ids(cid)
+        shown = await s.run(
+            lambda: page.locator(ITEMS).evaluate_all("els => els.map(e => e.dataset.id)"))
+        assert shown == await stack.conversation_ids()
+        assert third["id"] in shown and other["id"] not in shown
+        now = await s.run(stats, page)
+        assert now["gaps"] >= before["gaps"] + 2  # both cursors were dead: never retried
+        assert now["resyncs"] >= before["resyncs"] + 2
+
+        # And it goes on live after the resync.
+        await s.run(send, page, "four")
+        await s.run(lambda: expect(page.locator(ASSISTANT)).to_have_count(4))
+        assert await s.run(message_keys, page) == await stack.snapshot_ids(cid)
+
+
+@needs_browser
+async def test_auth_token_is_asked_kept_sent_and_asked_again_on_401(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    async with open_stack(tmp_path, tokens=("tok1",)) as stack, open_session(
+        browser_thread, stack.base
+    ) as s:
+
+        def login() -> Page:
+            page = s.page("/")
+            expect(page.locator(STATUS)).to_have_attribute("data-state", "auth")
+            token = page.get_by_test_id("token-input")
+            expect(token).to_be_visible()
+            token.fill("wrong")
+            token.press("Enter")
+            expect(page.locator("#token-message")).to_contain_text("refused")
+            expect(token).to_be_visible()
+            token.fill("tok1")
+            page.get_by_test_id("token-submit").click()
+            wait_live(page)
+            assert page.evaluate("() => localStorage.getItem('agentik.token')") == "tok1"
+            send(page, "hello with a token")
+            expect(page.locator(ASSISTANT)).to_have_text(re.compile("echo: hello with a token"))
+            # A reload uses the stored token: no question.
+            page.reload()
+            wait_live(page)
+            expect(page.get_by_test_id("token-input")).to_be_hidden()
+            expect(page.locator(ASSISTANT)).to_have_count(1)
+            return page
+
+        page = await s.run(login)
+        authorized = [(u, h) for u, h in s.api_requests if h == "Bearer tok1"]
+        assert authorized and all(h in (None, "Bearer wrong", "Bearer tok1") for _, h in
+                                  s.api_requests)
+        first_good = s.api_requests.index(authorized[0])
+        assert all(h == "Bearer tok1" for _, h in s.api_requests[first_good:])
+        assert any("access_token=tok1" in url for url in s.websockets)
+        # The server's tokens change: the page is refused and asks again.
+        await stack.stop()
+        await stack.start(tokens=("tok2",))
+        await stack.proxy.cut_all()
+
+        def again() -> None:
+            token = page.get_by_test_id("token-input")
+            expect(token).to_be_visible(timeout=15_000)
+            expect(page.locator(STATUS)).to_have_attribute("data-state", "auth")
+            token.fill("tok2")
+            token.press("Enter")
+            wait_live(page)
+            expect(page.locator(ASSISTANT)).to_have_count(1)
+
+        await s.run(again)
+        assert any("access_token=tok2" in url for url in s.websockets)
+
+
+@needs_browser
+async def test_phone_sized_layout_and_labels(tmp_path: Path, browser_thread: BrowserThread) -> None:
+    phone = {"width": 390, "height": 844}
+    async with open_stack(tmp_path) as stack, open_session(browser_thread, stack.base, phone) as s:
+        await stack.client.post("/agentik/conversations", json={"title": "on the phone"})
+
+        def step() -> None:
+            page = s.page("/agentik/ui")
+            wait_live(page)
+            width = page.evaluate("() => document.documentElement.scrollWidth")
+            assert width <= phone["width"], width
+            # The list is a drawer behind a labelled toggle.
+            expect(page.get_by_test_id("new-conversation")).to_be_hidden()
+            toggle = page.get_by_role("button", name="Show conversations")
+            expect(toggle).to_have_attribute("aria-expanded", "false")
+            toggle.click()
+            expect(toggle).to_have_attribute("aria-expanded", "true")
+            expect(page.get_by_test_id("new-conversation")).to_be_focused()
+            page.locator(ITEMS).first.locator("button").click()
+            expect(page.get_by_test_id("new-conversation")).to_be_hidden()
+            # Labelled controls, in a sensible focus order.
+            box = page.get_by_label("Message", exact=True)
+            expect(box).to_have_attribute("data-testid", "message-input")
+            expect(page.get_by_role("status")).to_have_text("Live")
+            box.focus()
+            page.keyboard.press("Tab")
+            expect(page.get_by_test_id("send")).to_be_focused()
+            send(page, "small screen")
+            expect(page.locator(ASSISTANT)).to_be_in_viewport()
+            width = page.evaluate("() => document.documentElement.scrollWidth")
+            assert width <= phone["width"], width
+
+        await s.run(step)
