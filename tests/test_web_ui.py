@@ -284,8 +284,8 @@ async def open_stack(
 # --- page helpers (browser thread) ---------------------------------------------------------------
 
 
-def wait_live(page: Page) -> None:
-    expect(page.locator(STATUS)).to_have_attribute("data-state", "live", timeout=WAIT_MS)
+def wait_live(page: Page, timeout: float = WAIT_MS) -> None:
+    expect(page.locator(STATUS)).to_have_attribute("data-state", "live", timeout=timeout)
 
 
 def send(page: Page, text: str) -> None:
@@ -587,7 +587,7 @@ async def test_server_restart_reconnects_and_resumes_from_the_cursor(
 
         def down() -> None:
             expect(page.locator(STATUS)).to_have_attribute("data-state", "reconnecting")
-            expect(page.locator(STATUS)).to_contain_text(re.compile(r"reconnecting in \d+ s"))
+            expect(page.locator(STATUS)).to_contain_text(re.compile(r"Reconnecting in \d+ s"))
 
         await s.run(down)
         # Up again on the same database; another client talks while the page is still away.
@@ -599,7 +599,7 @@ async def test_server_restart_reconnects_and_resumes_from_the_cursor(
         stack.proxy.refuse = False
 
         def back() -> None:
-            wait_live(page)  # by itself, with backoff
+            wait_live(page, timeout=25_000)  # by itself, with backoff (up to 10 s a try)
             expect(page.locator(ASSISTANT)).to_have_count(2)
             expect(page.locator(ASSISTANT).nth(1)).to_have_text(re.compile("echo: while away"))
             send(page, "after the restart")

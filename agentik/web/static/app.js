@@ -65,8 +65,7 @@ api.onUnauthorized = (message) => {
 function showStatus(state, detail) {
   const el = $("connection-status");
   el.dataset.state = state;
-  el.textContent = state === "reconnecting" && detail ? `Reconnecting: ${detail}` : STATUS_TEXT[state];
-  el.title = detail || "";
+  el.textContent = state === "reconnecting" && detail ? detail : STATUS_TEXT[state];
   $("reconnect-now").hidden = state !== "reconnecting";
   if (state === "auth") askToken(detail);
 }

@@ -97,7 +97,7 @@ export class Connection {
 
   async _connect() {
     this.ready = false;
-    this._status(this.attempt === 0 && this.stats.connects === 0 ? "connecting" : "reconnecting", "connecting…");
+    this._status(this.attempt === 0 && this.stats.connects === 0 ? "connecting" : "reconnecting");
     let head;
     try {
       head = parseCursor((await this.api.cursor()).current);
@@ -175,7 +175,7 @@ export class Connection {
         this._connect();
         return;
       }
-      this._status("reconnecting", `${why}; reconnecting in ${Math.ceil(left / 1000)} s`);
+      this._status("reconnecting", `Reconnecting in ${Math.ceil(left / 1000)} s (${why})`);
       this.timer = setTimeout(tick, Math.min(left, 250));
     };
     tick();
