@@ -23,6 +23,7 @@ import pytest
 import trio
 from a2a.types import a2a_pb2 as pb
 from google.protobuf import json_format
+from google.rpc import error_details_pb2
 
 from agentik.config import Config
 from benchmarks.serverproc import spawn_server
@@ -131,6 +132,9 @@ def check_error(body: dict[str, Any]) -> None:
         (info,) = error["data"]
         assert info["@type"] == "type.googleapis.com/google.rpc.ErrorInfo"
         assert info["domain"] == "a2a-protocol.org" and info["reason"].isupper()
+        # The ProtoJSON of a google.rpc.ErrorInfo packed in an Any.
+        json_format.ParseDict({k: v for k, v in info.items() if k != "@type"},
+                              error_details_pb2.ErrorInfo())
 
 
 def message(text: str, *, message_id: str = "m1", **fields: Any) -> dict[str, Any]:
