@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -44,22 +44,13 @@ from agentik.errors import (
     LlmResponseError,
     LlmTimeoutError,
 )
-from agentik.llm.base import (
-    FinishDelta,
-    LiteConversation,
-    LiteLlm,
-    LlmDelta,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallAssembler,
-    ToolCallDelta,
-    ToolSpec,
-    UsageDelta,
-)
+from agentik.llm.base import LiteConversation, LiteLlm, LlmDelta, ToolSpec
 from agentik.llm.boundary import ErrorTable, map_exceptions
 from agentik.llm.openai_format import (
+    CHUNK,
     FORMAT,
     Message,
+    RoundReader,
     history_to_messages,
     sanitize_messages,
     tools_to_openai,
@@ -82,45 +73,6 @@ log = logging.getLogger(__name__)
 
 #: the longest we wait to establish a connection, whatever the read timeout is
 _CONNECT_TIMEOUT = 30.0
-
-
-class _Fn(msgspec.Struct):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class _ToolCallDelta(msgspec.Struct):
-    index: int | None = None
-    id: str | None = None
-    function: _Fn | None = None
-
-
-class _Delta(msgspec.Struct):
-    content: str | None = None
-    refusal: str | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[_ToolCallDelta] | None = None
-
-
-class _Choice(msgspec.Struct):
-    index: int | None = 0
-    delta: _Delta | None = None
-    finish_reason: str | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int | None = 0
-    completion_tokens: int | None = 0
-
-
-class _Chunk(msgspec.Struct):
-    choices: list[_Choice] | None = None
-    usage: _Usage | None = None
-    error: Any = None
-
-
-_CHUNK = msgspec.json.Decoder(_Chunk)
 
 
 class OpenAiLlm:
@@ -200,6 +152,7 @@ class OpenAiLlm:
                         "is %s%d tokens", self.endpoint, "" if exc.window else "at most ", learned)
             self.context_window = learned
         exc.window = self.context_window
+
     @property
     def endpoint(self) -> str:
         """The base URL the client talks to (for messages)."""
@@ -265,7 +218,7 @@ class OpenAiConversation:
             self.messages.append(
                 user_message(content, supports_images=self._llm.supports_images)
             )
-        reader = _RoundReader()
+        reader = RoundReader()
         streaming = self._llm.client.chat.completions.with_streaming_response
         limit = max_output_tokens if max_output_tokens is not None else self._llm.output_budget()
         try:
@@ -277,7 +230,7 @@ class OpenAiConversation:
                         data = line[5:].strip()
                         if data == "[DONE]":
                             break
-                        for delta in reader.deltas(_CHUNK.decode(data)):
+                        for delta in reader.deltas(CHUNK.decode(data)):
                             yield delta
         except LlmContextOverflowError as exc:
             sent = sum(estimate_tokens(json.dumps(m.get("content"))) + 8
@@ -307,68 +260,6 @@ class OpenAiConversation:
         if max_output_tokens is not None:
             kwargs["max_completion_tokens"] = max_output_tokens
         return kwargs
-
-
-# --- stream parsing ------------------------------------------------------------------------------
-
-
-class _RoundReader:
-    """One round's decoded chunks as LlmDeltas; accumulates the answer for the history."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.calls = ToolCallAssembler()
-        self.finished = False
-
-    def deltas(self, chunk: _Chunk) -> Iterable[LlmDelta]:
-        if chunk.error is not None:
-            raise LlmResponseError(f"error in the LLM stream: {chunk.error!r}")
-        for choice in chunk.choices or ():
-            if choice.index not in (0, None):
-                continue
-            if choice.delta is not None:
-                yield from self._delta(choice.delta)
-            if choice.finish_reason is not None:
-                yield from self.finish(str(choice.finish_reason))
-        usage = chunk.usage
-        if usage is not None:
-            yield UsageDelta(
-                prompt_tokens=int(usage.prompt_tokens or 0),
-                completion_tokens=int(usage.completion_tokens or 0),
-            )
-
-    def finish(self, reason: str | None) -> Iterable[LlmDelta]:
-        """The round's end: ids for calls the server sent without one (so their results can be
-        matched), then the FinishDelta."""
-        yield from self.calls.name_missing_ids()
-        if reason is not None:
-            self.finished = True
-        yield FinishDelta(reason)
-
-    def _delta(self, delta: _Delta) -> Iterable[LlmDelta]:
-        reasoning = delta.reasoning_content or delta.reasoning
-        if reasoning:
-            yield ReasoningDelta(reasoning)
-        for piece in (delta.content, delta.refusal):
-            if piece:
-                self.text.append(piece)
-                yield TextDelta(piece)
-        for fragment in delta.tool_calls or ():
-            if not isinstance(fragment.index, int):
-                raise LlmResponseError(f"tool call delta without an integer index: {fragment!r}")
-            function = fragment.function
-            call = ToolCallDelta(
-                index=fragment.index,
-                id=fragment.id or None,
-                name=(function.name if function is not None else None) or None,
-                arguments=(function.arguments if function is not None else None) or "",
-            )
-            self.calls.add(call)
-            yield call
-
-    def message(self) -> Message:
-        """The assistant's message for the history."""
-        return FORMAT.assistant("".join(self.text), self.calls.calls())
 
 
 # --- error conversion ----------------------------------------------------------------------------

@@ -1,21 +1,37 @@
-"""Pure code of the OpenAI-compatible backend: working memory and tool specs as chat-completions
-JSON (the final step of :func:`agentik.llm.history.render_history`), and the tool-call rule
-OpenAI enforces on a message list (:func:`sanitize_messages`). No I/O."""
+"""Pure code of the OpenAI-compatible backend, the chat-completions wire format both ways:
+working memory and tool specs as request JSON (the final step of
+:func:`agentik.llm.history.render_history`) with the tool-call rule OpenAI enforces on a message
+list (:func:`sanitize_messages`); the streamed chunks as LlmDeltas (:class:`RoundReader`). No I/O."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from agentik.llm.base import ToolSpec
+import msgspec
+
+from agentik.errors import LlmResponseError
+from agentik.llm.base import (
+    FinishDelta,
+    LlmDelta,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallAssembler,
+    ToolCallDelta,
+    ToolSpec,
+    UsageDelta,
+)
 from agentik.llm.history import render_history, user_parts
 from agentik.wire import Content, Image, Text, ToolCallSpec, WorkingItem
 
 __all__ = [
+    "CHUNK",
     "FORMAT",
+    "Chunk",
     "Message",
     "OpenAiFormat",
+    "RoundReader",
     "history_to_messages",
     "sanitize_messages",
     "tools_to_openai",
@@ -27,6 +43,8 @@ log = logging.getLogger(__name__)
 #: chat message in OpenAI's JSON shape
 Message = dict[str, Any]
 
+
+# --- messages out -------------------------------------------------------------------------------
 
 class OpenAiFormat:
     """Chat-completions messages: plain strings where a text suffices, content parts otherwise."""
@@ -144,3 +162,104 @@ def sanitize_messages(messages: Sequence[Message]) -> list[Message]:
                 out.append(answer)
     return out
 
+
+# --- stream chunks in ---------------------------------------------------------------------------
+
+
+class _Fn(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallFragment(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    function: _Fn | None = None
+
+
+class Delta(msgspec.Struct):
+    content: str | None = None
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[_ToolCallFragment] | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int | None = 0
+    delta: Delta | None = None
+    finish_reason: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = 0
+    completion_tokens: int | None = 0
+
+
+class Chunk(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: Any = None
+
+
+#: decodes one ``data:`` line of the stream
+CHUNK = msgspec.json.Decoder(Chunk)
+
+
+class RoundReader:
+    """One round's decoded chunks as LlmDeltas; accumulates the answer for the history."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls = ToolCallAssembler()
+        self.finished = False
+
+    def deltas(self, chunk: Chunk) -> Iterable[LlmDelta]:
+        if chunk.error is not None:
+            raise LlmResponseError(f"error in the LLM stream: {chunk.error!r}")
+        for choice in chunk.choices or ():
+            if choice.index not in (0, None):
+                continue
+            if choice.delta is not None:
+                yield from self._delta(choice.delta)
+            if choice.finish_reason is not None:
+                yield from self.finish(str(choice.finish_reason))
+        usage = chunk.usage
+        if usage is not None:
+            yield UsageDelta(
+                prompt_tokens=int(usage.prompt_tokens or 0),
+                completion_tokens=int(usage.completion_tokens or 0),
+            )
+
+    def finish(self, reason: str | None) -> Iterable[LlmDelta]:
+        """The round's end: ids for calls the server sent without one (so their results can be
+        matched), then the FinishDelta."""
+        yield from self.calls.name_missing_ids()
+        if reason is not None:
+            self.finished = True
+        yield FinishDelta(reason)
+
+    def _delta(self, delta: Delta) -> Iterable[LlmDelta]:
+        reasoning = delta.reasoning_content or delta.reasoning
+        if reasoning:
+            yield ReasoningDelta(reasoning)
+        for piece in (delta.content, delta.refusal):
+            if piece:
+                self.text.append(piece)
+                yield TextDelta(piece)
+        for fragment in delta.tool_calls or ():
+            if not isinstance(fragment.index, int):
+                raise LlmResponseError(f"tool call delta without an integer index: {fragment!r}")
+            function = fragment.function
+            call = ToolCallDelta(
+                index=fragment.index,
+                id=fragment.id or None,
+                name=(function.name if function is not None else None) or None,
+                arguments=(function.arguments if function is not None else None) or "",
+            )
+            self.calls.add(call)
+            yield call
+
+    def message(self) -> Message:
+        """The assistant's message for the history."""
+        return FORMAT.assistant("".join(self.text), self.calls.calls())
