@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from benchmarks import litert_tokens, runtime, storage, web
+from benchmarks import litert_context, litert_tokens, runtime, storage, web
 
 Scenario = Callable[[bool], Awaitable[dict[str, Any]]]
 
@@ -31,6 +31,7 @@ SCENARIOS: dict[str, Scenario] = {
     "cold_load_10k": runtime.cold_load_10k,
     "stalled_subscriber": web.stalled_subscriber,
     "litert_tokens": litert_tokens.litert_tokens,
+    "litert_context": litert_context.litert_context,
 }
 #: not in the default run: in-process, so its figure is noisy (see docs/BENCHMARKS.md)
 EXTRA: dict[str, Scenario] = {"memory_actors": runtime.memory_actors}
