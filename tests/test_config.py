@@ -44,3 +44,16 @@ def test_bad_value_names_the_variable(variable: str, value: str) -> None:
         Config.from_env({variable: value})
     assert info.value.variable == variable
     assert str(info.value).startswith(variable) and repr(value) in str(info.value)
+
+
+def test_context_settings() -> None:
+    cfg = Config.from_env({"AGENTIK_MAX_OUTPUT_TOKENS": "300", "AGENTIK_SUMMARY_MAX_TOKENS": "64",
+                           "AGENTIK_LITERT_MAX_OUTPUT_TOKENS": "100"})
+    assert (cfg.max_output_tokens, cfg.summary_max_tokens, cfg.litert_max_output_tokens) == (
+        300, 64, 100)
+    defaults = Config.from_env({})
+    assert (defaults.context_window, defaults.max_output_tokens, defaults.summary_max_tokens,
+            defaults.litert_max_output_tokens) == (0, 0, 0, 0)
+    for variable in ("AGENTIK_MAX_OUTPUT_TOKENS", "AGENTIK_SUMMARY_MAX_TOKENS"):
+        with pytest.raises(ConfigError, match=variable):
+            Config.from_env({variable: "-5"})
