@@ -13,11 +13,17 @@ into :class:`agentik.errors.InvalidInputError`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from agentik.errors import InvalidInputError
+
+#: a cursor offset: ASCII digits, at most what SQLite's INTEGER holds
+_OFFSET = re.compile(r"[0-9]{1,19}")
+MAX_OFFSET = 2**63 - 1
 
 
 def _snake(name: str) -> str:
@@ -174,9 +180,16 @@ class Cursor(Wire, frozen=True, kw_only=True):
     def parse(cls, text: str) -> Cursor:
         """Parse ``EPOCH:OFFSET``; raises InvalidInputError naming the problem."""
         epoch, sep, offset = text.rpartition(":")
-        if not sep or not epoch or not offset.isdigit():
+        # ASCII digits only (str.isdigit() also takes "²" and other scripts' digits), at most 19
+        # of them and within SQLite's INTEGER (a 5,000-digit offset hit Python's int limit).
+        if (
+            not sep or not epoch or not _OFFSET.fullmatch(offset)
+            or int(offset) > MAX_OFFSET
+        ):
+            shown = text if len(text) <= 80 else text[:80] + "..."
             raise InvalidInputError(
-                f"cursor must be EPOCH:OFFSET with a non-negative offset, got {text!r}"
+                "cursor must be EPOCH:OFFSET with a non-negative offset of at most 19 ASCII "
+                f"digits, got {shown!r}"
             )
         return cls(epoch=epoch, offset=int(offset))
 
@@ -388,11 +401,24 @@ def convert_input(data: Any, into: type[T]) -> T:
         raise InvalidInputError(str(exc)) from None
 
 
+#: what a client is told when its JSON nests deeper than the decoder's recursion limit
+TOO_DEEP = "invalid JSON: nested too deeply"
+
+
 def decode_input(raw: bytes | str, into: type[T]) -> T:
     """Decode and validate JSON into a wire type; InvalidInputError on bad JSON or bad shape."""
+    return decode_client_json(partial(msgspec.json.decode, type=into), raw)
+
+
+def decode_client_json(decode: Callable[[bytes | str], T], raw: bytes | str) -> T:
+    """``decode(raw)`` for JSON from a client: every way it can fail is an InvalidInputError
+    (msgspec's message names the path; a document nested deeper than msgspec's recursion limit,
+    e.g. 100,000 ``[``, raises RecursionError, which must be a 400, never a 500)."""
     try:
-        return msgspec.json.decode(raw, type=into)
+        return decode(raw)
     except msgspec.ValidationError as exc:
         raise InvalidInputError(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise InvalidInputError(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInputError(TOO_DEEP) from None

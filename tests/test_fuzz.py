@@ -152,9 +152,12 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
+#: cursors that once were 500s or were wrongly accepted (issue 11 #8)
+BAD_CURSORS = ["x:\u00b2", "x:\u0661\u0662", "x:\uff11", "x:" + "9" * 5000, "x:" + "9" * 20]
 field_values = st.one_of(
     json_values,
-    st.sampled_from(["", "events", "conversation", "live", "0:0", "x:1", "nope", "-1", "1e9"]),
+    st.sampled_from(["", "events", "conversation", "live", "0:0", "x:1", "nope", "-1", "1e9",
+                     *BAD_CURSORS]),
 )
 command_frames = st.fixed_dictionaries(
     {"type": st.sampled_from(COMMANDS)},
@@ -178,11 +181,21 @@ command_frames = st.fixed_dictionaries(
     },
 ).map(lambda d: msgspec.json.encode(d).decode())
 
+def deep_json(depth: int, opener: str) -> str:
+    """JSON nested ``depth`` deep (deeper than msgspec's recursion limit: issue 11 #8)."""
+    closer = {"[": "]", '{"a":': "}"}[opener]
+    return opener * depth + ("1" if opener != "[" else "") + closer * depth
+
+
+deep_frames = st.builds(
+    deep_json, st.integers(min_value=1_000, max_value=MAX_BODY // 5), st.sampled_from(["[", '{"a":'])
+)
 frames = st.one_of(
     command_frames,
     json_values.map(lambda v: msgspec.json.encode(v).decode()),
     st.text(max_size=200),
     st.binary(max_size=200),
+    deep_frames,
 )
 
 
@@ -248,6 +261,31 @@ def test_empty_binary_frame(live: LiveServer) -> None:
                 await ws.send_message(b"")
                 frame = json.loads(await ws.get_message())
                 assert frame["type"] == "error", frame
+
+    trio.run(check)
+
+
+@pytest.mark.parametrize("frame", [
+    deep_json(MAX_BODY // 6, "["),
+    deep_json(MAX_BODY // 6, '{"a":'),
+    '{"type": "subscribe", "id": "s", "stream": "events", "after": "x:\u00b2"}',
+    '{"type": "subscribe", "id": "s", "stream": "events", "after": "x:' + "9" * 5000 + '"}',
+], ids=["deep-array", "deep-object", "cursor-superscript-digit", "cursor-5000-digits"])
+def test_bad_frame_gets_an_error_frame_and_the_socket_stays_open(
+    live: LiveServer, frame: str
+) -> None:
+    """Issue 11 #8: a frame nested deeper than the decoder's limit (it closed the socket with 1000
+    and no error frame) or a bad cursor gets an error frame, and the socket still answers."""
+    async def check() -> None:
+        with trio.fail_after(20):
+            async with open_websocket_url(live.ws_url) as ws:
+                await ws.send_message(frame)
+                error = json.loads(await ws.get_message())
+                assert error["type"] == "error", error
+                assert error["error"]["code"] == "invalid_input", error
+                assert error["error"]["message"], error
+                await ws.send_message('{"type": "ping", "id": "after"}')
+                assert json.loads(await ws.get_message()) == {"type": "pong", "id": "after"}
 
     trio.run(check)
 

@@ -182,6 +182,16 @@ async def test_mailbox_full_is_429(tmp_path: Any, openai: ScriptedOpenAI) -> Non
 
 
 BIG = 4 * 1024 * 1024
+DEPTH = 100_000
+DEEP = b'{"a":' * DEPTH + b"1" + b"}" * DEPTH
+DEEP_IN_CONTEXT = (
+    b'{"content": [{"type": "text", "body": "x"}], "context": {"metadata": '
+    + b"[" * DEPTH + b"]" * DEPTH + b"}}"
+)
+BAD_OFFSETS = [
+    "\u00b2", "\u0661\u0662", "\uff11\uff12", "9" * 5000, "9" * 20, "9223372036854775808", "+1",
+    "1 2", "0x1",
+]
 
 
 @pytest.mark.parametrize(
@@ -207,6 +217,12 @@ BIG = 4 * 1024 * 1024
         ("post", "/agentik/conversations/{cid}/messages",
          {"json": {"content": [{"type": "text", "body": "x"}], "context": {"origin": 1}}}, 400,
          "invalid_input"),
+        # issue 11 #8: a 100,000-deep JSON document is a 400 with a message, not a RecursionError
+        ("post", "/agentik/conversations", {"content": DEEP}, 400, "invalid_input"),
+        ("patch", "/agentik/conversations/{cid}", {"content": DEEP}, 400, "invalid_input"),
+        ("post", "/agentik/conversations/{cid}/messages", {"content": DEEP}, 400, "invalid_input"),
+        ("post", "/agentik/conversations/{cid}/messages", {"content": DEEP_IN_CONTEXT}, 400,
+         "invalid_input"),
         # query parameters
         ("get", "/agentik/conversations", {"params": {"limit": "abc"}}, 400, "invalid_input"),
         ("get", "/agentik/conversations", {"params": {"limit": "0"}}, 400, "invalid_input"),
@@ -222,6 +238,17 @@ BIG = 4 * 1024 * 1024
         ("get", "/agentik/events", {"params": {"after": "nocolon"}}, 400, "invalid_input"),
         ("get", "/agentik/events", {"params": {"after": "e:-1"}}, 400, "invalid_input"),
         ("get", "/agentik/events", {"headers": {"Last-Event-ID": "x:y"}}, 400, "invalid_input"),
+        # issue 11 #8: cursor offsets are ASCII digits of bounded length, on after= and
+        # Last-Event-ID ("²" was a 500, other scripts' digits were accepted, 5,000 digits a 500)
+        *[
+            (method, path, {where: {name: "{epoch}:" + offset}}, 400, "invalid_input")
+            for offset in BAD_OFFSETS
+            for method, path, where, name in [
+                ("get", "/agentik/events", "params", "after"),
+                ("get", "/agentik/events", "headers", "Last-Event-ID"),
+                ("get", "/agentik/conversations/{cid}/events", "params", "after"),
+            ]
+        ],
         ("get", "/agentik/events", {"params": {"after": "otherepoch:0"}}, 410, "gap"),
         ("get", "/agentik/events", {"params": {"after": "{epoch}:999"}}, 410, "gap"),
         ("get", "/agentik/conversations/{cid}/events", {"params": {"after": "{epoch}:999"}}, 410,
@@ -267,6 +294,8 @@ async def test_bad_input(
     for key in ("params", "headers"):
         if key in kwargs:
             kwargs[key] = {k: v.format(epoch=epoch) for k, v in kwargs[key].items()}
+    if "headers" in kwargs:  # non-ASCII values go as UTF-8, as a careless client sends them
+        kwargs["headers"] = {k: v.encode() for k, v in kwargs["headers"].items()}
     try:
         response = await client.request(method.upper(), path.format(cid=cid), **kwargs)
     except httpx2.WriteError:  # pragma: no cover - the server may close before the body is sent
@@ -293,9 +322,11 @@ async def test_no_input_shape_gets_a_500(client: httpx2.AsyncClient, openai: Scr
         b'{"title": "' + b"t" * 100_000 + b'"}', b'{"temp": true, "title": null, "x": [1]}',
         b'{"content": [{"type": "image", "data": "!!", "mime": 5}]}',
         b'{"content": [{"type": "text", "body": "hi"}], "context": {"metadata": {"a": 1}}}',
+        DEEP, DEEP_IN_CONTEXT, b"[" * DEPTH,
     ]
     queries = [{}, {"limit": ""}, {"offset": "1"}, {"after": ":"}, {"after": "a:b:1"},
-               {"after_seq": "00"}, {"up_to_seq": "0"}, {"conversation_id": ""}]
+               {"after_seq": "00"}, {"up_to_seq": "0"}, {"conversation_id": ""},
+               *[{"after": "e:" + offset} for offset in BAD_OFFSETS]]
     routes = [
         ("GET", "/agentik"), ("GET", "/agentik/cursor"), ("GET", "/agentik/conversations"),
         ("POST", "/agentik/conversations"), ("GET", "/agentik/conversations/{id}"),

@@ -189,7 +189,7 @@ async def rpc() -> Response:
         body = await request.get_data(as_text=False)
         try:
             envelope = msgspec.json.decode(body)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
             raise e.error(e.PARSE_ERROR, f"invalid JSON: {exc}") from None
         if not isinstance(envelope, dict):
             raise e.error(e.INVALID_REQUEST, "the request must be one JSON-RPC object "

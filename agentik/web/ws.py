@@ -54,7 +54,7 @@ from agentik.web.types import (
     SubscribeResult,
     Unsubscribe,
 )
-from agentik.wire import Cursor, Deleted, encode
+from agentik.wire import Cursor, Deleted, decode_client_json, encode
 
 bp = Blueprint("agentik_ws", __name__)
 
@@ -75,7 +75,7 @@ def _request_id(raw: str | bytes) -> str | None:
     """Best effort: the ``id`` of a frame that failed validation, to address the error to it."""
     try:
         data = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if isinstance(data, dict) and isinstance(data.get("id"), str):
         return data["id"]
@@ -83,13 +83,8 @@ def _request_id(raw: str | bytes) -> str | None:
 
 
 def decode_frame(raw: str | bytes) -> ClientFrame:
-    """Raises InvalidInputError with msgspec's message."""
-    try:
-        return _decode_frame(raw)
-    except msgspec.ValidationError as exc:
-        raise InvalidInputError(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidInputError(f"invalid JSON: {exc}") from None
+    """Raises InvalidInputError with msgspec's message (or TOO_DEEP)."""
+    return decode_client_json(_decode_frame, raw)
 
 
 def _events_frame(subscription: bytes, raws: list[bytes]) -> bytes:
