@@ -615,6 +615,47 @@ async def test_server_restart_reconnects_and_resumes_from_the_cursor(
 
 
 @needs_browser
+async def test_network_cut_mid_answer_resumes_and_the_answer_arrives_once(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    gate = trio.Event()
+    async with open_stack(tmp_path) as stack, open_session(browser_thread, stack.base) as s:
+        stack.openai.push(Reply(["The first part, ", "then the rest."], gate=gate))
+
+        def start() -> Page:
+            page = s.page("/")
+            wait_live(page)
+            send(page, "tell me")
+            expect(page.locator(DRAFT)).to_contain_text("The first part")
+            return page
+
+        page = await s.run(start)
+        before = await s.run(stats, page)
+        await stack.proxy.cut_all()  # the network drops every connection of the page
+
+        def reconnected() -> None:
+            page.wait_for_function("n => window.agentik.stats.connects > n", arg=before["connects"])
+            wait_live(page)
+            # Live chunks sent meanwhile are gone for good: the draft says so.
+            expect(page.locator(DRAFT)).to_contain_text("some of it was missed")
+
+        await s.run(reconnected)
+        gate.set()
+
+        def answered() -> None:
+            expect(page.locator(ASSISTANT)).to_have_text(
+                re.compile("The first part, then the rest."))
+            expect(page.locator(DRAFT)).to_have_count(0)
+            expect(page.get_by_test_id("stop")).to_be_hidden()
+
+        await s.run(answered)
+        cid = await s.run(open_conversation_id, page)
+        assert await s.run(message_keys, page) == await stack.snapshot_ids(cid)
+        now = await s.run(stats, page)
+        assert now["resyncs"] == before["resyncs"] and now["resumes"] >= before["resumes"] + 2
+
+
+@needs_browser
 async def test_dead_cursor_resyncs_with_nothing_lost_or_doubled(
     tmp_path: Path, browser_thread: BrowserThread
 ) -> None:

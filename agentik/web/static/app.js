@@ -48,6 +48,11 @@ const connection = new Connection(api, {
     if (common.event.type === "deleted") chatGone(id);
     else renderChat();
   },
+  chatLiveGap(id) {
+    if (chat?.id !== id || !chat.draft) return;
+    chat.liveGap();
+    scheduleDraft();
+  },
   chatLive(id, common) {
     if (chat?.id !== id || !chat.applyLive(common)) return;
     scheduleDraft();
@@ -456,6 +461,10 @@ function draftNode() {
     body.append(dots);
   }
   for (const part of draft.images) body.append(image(part));
+  if (draft.partial) {
+    body.append(el("p", "muted", "Reconnected in the middle of this answer: some of it was missed "
+      + "here; the whole answer shows when it is done."));
+  }
   node.append(body);
   return node;
 }

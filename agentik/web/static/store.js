@@ -87,7 +87,17 @@ export class Chat {
     this.records = new Map(snapshot.messages.map((r) => [r.id, r]));
     this.interruptions = new Map();
     this.deleted = false;
-    if (this.draft && (this.draft.ended || this._answered(this.draft.turnId))) this.draft = null;
+    // A draft whose turn is unknown cannot be matched with the snapshot: drop it (a turn still
+    // running starts a new one with its next chunk).
+    const draft = this.draft;
+    if (draft && (draft.ended || draft.turnId === null || this._answered(draft.turnId))) {
+      this.draft = null;
+    }
+  }
+
+  /** The live stream was (re)subscribed: a draft being streamed has missed chunks. */
+  liveGap() {
+    if (this.draft && !this.draft.ended) this.draft.partial = true;
   }
 
   /** Records and interruption notices in journal order. */
@@ -190,7 +200,7 @@ export class Chat {
   }
 
   _newDraft(turnId) {
-    this.draft = { turnId, text: "", reasoning: "", images: [], ended: false };
+    this.draft = { turnId, text: "", reasoning: "", images: [], ended: false, partial: false };
     return this.draft;
   }
 

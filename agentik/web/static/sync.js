@@ -45,6 +45,7 @@ export class Connection {
     this.timer = null;
     this.watchdog = null;
     this.stopped = true;
+    this.connecting = false;
     this.state = null;
     this.stats = { connects: 0, resumes: 0, resyncs: 0, gaps: 0 };
     this.ready = false;
@@ -70,7 +71,7 @@ export class Connection {
     if (this.stopped) return;
     clearTimeout(this.timer);
     this.timer = null;
-    if (this.ws) return;
+    if (this.ws || this.connecting) return;
     this._connect();
   }
 
@@ -96,6 +97,16 @@ export class Connection {
   }
 
   async _connect() {
+    if (this.connecting) return;
+    this.connecting = true;
+    try {
+      await this._tryConnect();
+    } finally {
+      this.connecting = false;
+    }
+  }
+
+  async _tryConnect() {
     this.ready = false;
     this._status(this.attempt === 0 && this.stats.connects === 0 ? "connecting" : "reconnecting");
     let head;
@@ -383,6 +394,8 @@ export class Connection {
       if (!this._gone(exc, id)) throw exc;
       return;
     }
+    // Live events sent while this page was not subscribed are gone for good.
+    if (this.chat?.id === id) this.h.chatLiveGap(id);
     this._dropIfStale(subId, id);
   }
 
