@@ -41,11 +41,15 @@ class Tagged(Wire, frozen=True, kw_only=True, tag_field="type", tag=_snake):
 # --- content -------------------------------------------------------------------------------------
 
 
-class Text(Tagged, frozen=True, kw_only=True):
+# Content takes its fields positionally too (``Text("hello")``, ``Image(data, "image/jpeg")``),
+# as the seeds write it; the JSON is the same either way.
+
+
+class Text(Tagged, frozen=True, kw_only=False):
     body: str
 
 
-class Image(Tagged, frozen=True, kw_only=True):
+class Image(Tagged, frozen=True, kw_only=False):
     data: str  # base64, no data: prefix
     mime: str = "image/png"
 
@@ -322,9 +326,7 @@ OnlineEvent = Working | End | StartReasoning | AppendReasoning | StartResponse |
 
 Event = DurableEvent | AgentEvent | OnlineEvent
 
-DURABLE_EVENT_TYPES: tuple[type, ...] = DurableEvent.__args__
 AGENT_EVENT_TYPES: tuple[type, ...] = AgentEvent.__args__
-ONLINE_EVENT_TYPES: tuple[type, ...] = OnlineEvent.__args__
 
 
 class CommonEvent(Wire, frozen=True, kw_only=True):
@@ -380,11 +382,7 @@ _encoder = msgspec.json.Encoder()
 encode = _encoder.encode
 
 decode_common_event = msgspec.json.Decoder(CommonEvent).decode
-decode_event = msgspec.json.Decoder(Event).decode
 decode_message = msgspec.json.Decoder(Message).decode
-decode_message_record = msgspec.json.Decoder(MessageRecord).decode
-decode_conversation = msgspec.json.Decoder(ConversationRecord).decode
-decode_content_list = msgspec.json.Decoder(list[Content]).decode
 decode_working_item = msgspec.json.Decoder(WorkingItem).decode
 
 T = TypeVar("T")

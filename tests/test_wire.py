@@ -107,3 +107,16 @@ def test_new_fields_have_defaults_old_payloads_decode() -> None:
     old = b'{"type": "assistant_message", "content": [{"type": "text", "body": "x"}]}'
     msg = w.decode_message(old)
     assert isinstance(msg, w.AssistantMessage) and msg.interrupted is False
+
+
+def test_content_takes_its_fields_positionally_and_by_keyword() -> None:
+    import agentik
+
+    assert agentik.Text("hello") == w.Text(body="hello")
+    assert agentik.Image("aGk=", "image/jpeg") == w.Image(data="aGk=", mime="image/jpeg")
+    assert agentik.Image("aGk=").mime == "image/png"
+    # the JSON is the same whichever way the struct was built
+    assert w.encode(w.Text("hi")) == b'{"type":"text","body":"hi"}'
+    assert w.encode(w.Image("aGk=", "image/jpeg")) == (
+        b'{"type":"image","data":"aGk=","mime":"image/jpeg"}')
+    assert msgspec.json.decode(b'{"type":"text","body":"hi"}', type=w.Content) == w.Text("hi")
