@@ -26,6 +26,7 @@ from agentik.llm.base import (
     LlmDelta,
     ReasoningDelta,
     TextDelta,
+    ToolCallAssembler,
     ToolCallDelta,
     UsageDelta,
 )
@@ -53,13 +54,6 @@ from agentik.wire import (
 
 
 @dataclass
-class _CallAcc:
-    id: str | None = None
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-
-
-@dataclass
 class TurnState:
     """Everything a turn has produced so far."""
 
@@ -74,7 +68,7 @@ class TurnState:
     saw_usage: bool = False
     # per round
     round_text: list[str] = field(default_factory=list)
-    calls: dict[int, _CallAcc] = field(default_factory=dict)
+    calls: ToolCallAssembler = field(default_factory=ToolCallAssembler)
     finish_reason: str | None = None
     started_response: bool = False
     started_reasoning: bool = False
@@ -99,7 +93,7 @@ def new_round(state: TurnState) -> None:
     if state.round_text:
         state.texts.append("".join(state.round_text))
     state.round_text = []
-    state.calls = {}
+    state.calls = ToolCallAssembler()
     state.finish_reason = None
     state.started_response = False
     state.started_reasoning = False
@@ -132,14 +126,7 @@ def apply_delta(state: TurnState, delta: LlmDelta) -> list[OnlineEvent]:
             events.append(AppendReasoning(text=text))
             return events
         case ToolCallDelta():
-            acc = state.calls.setdefault(delta.index, _CallAcc())
-            # Some servers repeat id and name in every fragment: assign, never append.
-            if delta.id:
-                acc.id = delta.id
-            if delta.name:
-                acc.name = delta.name
-            if delta.arguments:
-                acc.arguments.append(delta.arguments)
+            state.calls.add(delta)
             return []
         case UsageDelta():
             state.saw_usage = True
@@ -155,19 +142,8 @@ def apply_delta(state: TurnState, delta: LlmDelta) -> list[OnlineEvent]:
 
 
 def round_tool_calls(state: TurnState) -> list[ToolCallSpec]:
-    """The round's tool calls in index order; a call without an id gets one, one without a name
-    keeps an empty name (it fails as an unknown tool, which the model is told)."""
-    out = []
-    for index in sorted(state.calls):
-        acc = state.calls[index]
-        out.append(
-            ToolCallSpec(
-                call_id=acc.id or f"call_{uuid.uuid4().hex[:12]}",
-                name=acc.name,
-                arguments="".join(acc.arguments) or "{}",
-            )
-        )
-    return out
+    """The round's tool calls in index order (see ToolCallAssembler.calls)."""
+    return state.calls.calls()
 
 
 # --- after a round: run tools, answer, or fail -----------------------------------------------------
