@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from agentik.config import Config
@@ -14,23 +17,62 @@ def test_defaults() -> None:
     assert cfg.tokens == () and cfg.sqlite_synchronous == "FULL"
 
 
+#: every variable Config.from_env reads, each with a value other than its default
+EVERY_VARIABLE = {
+    "AGENTIK_PORT": "9000", "AGENTIK_DB_PATH": "/tmp/x.db", "AGENTIK_SYSTEM_PROMPT": "be brief",
+    "AGENTIK_LLM_BACKEND": "LiteRT", "OPENAI_BASE_URL": "http://127.0.0.1:1/v1",
+    "OPENAI_API_KEY": "k", "OPENAI_MODEL": "m", "AGENTIK_LLM_TIMEOUT": "7.5",
+    "AGENTIK_LLM_MAX_RETRIES": "0", "AGENTIK_CONTEXT_WINDOW": "8192",
+    "AGENTIK_LITERT_MODEL_PATH": "/m.litertlm", "AGENTIK_LITERT_THREADS": "4",
+    "AGENTIK_LITERT_MAX_CONCURRENCY": "3", "AGENTIK_LITERT_MAX_OUTPUT_TOKENS": "256",
+    "AGENTIK_MCP_CONFIG": "/mcp.json", "AGENTIK_TOKENS": "a, b,,c", "AGENTIK_OUTBOX_CAP": "10",
+    "AGENTIK_OUTBOX_TTL": "60", "AGENTIK_IDLE_TIMEOUT": "1.5", "AGENTIK_MAILBOX_SIZE": "3",
+    "AGENTIK_TOOL_TIMEOUT": "2.5", "AGENTIK_TOOL_RESULT_CAP": "1000",
+    "AGENTIK_MAX_TOOL_ROUNDS": "4", "AGENTIK_SQLITE_SYNCHRONOUS": "normal",
+    "AGENTIK_MAX_BATCH": "64", "AGENTIK_SUBSCRIBER_BUFFER": "128", "AGENTIK_RESTART_LIMIT": "9",
+    "AGENTIK_RESTART_PERIOD": "30", "AGENTIK_MAX_BODY_BYTES": "2048",
+    "AGENTIK_MAX_OUTPUT_TOKENS": "512", "AGENTIK_SUMMARY_MAX_TOKENS": "128",
+    "AGENTIK_KEEP_ALIVE_TIMEOUT": "12.5",
+}
+
+
+class Recording(dict[str, str]):
+    """An environment that remembers which variables were asked for."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        super().__init__(values)
+        self.asked: list[str] = []
+
+    def get(self, key: str, default: object = None) -> Any:
+        self.asked.append(key)
+        return super().get(key, default)
+
+
 def test_reads_every_variable() -> None:
-    cfg = Config.from_env({
-        "AGENTIK_PORT": "9000", "AGENTIK_DB_PATH": "/tmp/x.db", "AGENTIK_SYSTEM_PROMPT": "be brief",
-        "AGENTIK_LLM_BACKEND": "LiteRT", "OPENAI_BASE_URL": "http://127.0.0.1:1/v1",
-        "OPENAI_API_KEY": "k", "OPENAI_MODEL": "m", "AGENTIK_LITERT_MODEL_PATH": "/m.litertlm",
-        "AGENTIK_LITERT_THREADS": "4", "AGENTIK_MCP_CONFIG": "/mcp.json",
-        "AGENTIK_TOKENS": "a, b,,c", "AGENTIK_OUTBOX_CAP": "10", "AGENTIK_OUTBOX_TTL": "60",
-        "AGENTIK_IDLE_TIMEOUT": "1.5", "AGENTIK_MAILBOX_SIZE": "3",
-        "AGENTIK_SQLITE_SYNCHRONOUS": "normal", "AGENTIK_CONTEXT_WINDOW": "8192",
-    })
+    env = Recording(EVERY_VARIABLE)
+    cfg = Config.from_env(env)
+    # the list above is complete: a variable added to from_env must be added here too
+    assert set(env.asked) ^ set(EVERY_VARIABLE) == set()  # names read here or listed only
+    assert len(env.asked) == len(EVERY_VARIABLE)  # each read once
     assert cfg.port == 9000 and cfg.db_path == "/tmp/x.db" and cfg.system_prompt == "be brief"
     assert cfg.llm_backend == "litert" and cfg.openai_base_url == "http://127.0.0.1:1/v1"
     assert (cfg.openai_api_key, cfg.openai_model) == ("k", "m")
+    assert (cfg.llm_timeout, cfg.llm_max_retries, cfg.context_window) == (7.5, 0, 8192)
     assert cfg.litert_model_path == "/m.litertlm" and cfg.litert_threads == 4
+    assert (cfg.litert_max_concurrency, cfg.litert_max_output_tokens) == (3, 256)
     assert cfg.mcp_config == "/mcp.json" and cfg.tokens == ("a", "b", "c")
     assert (cfg.outbox_cap, cfg.outbox_ttl, cfg.idle_timeout, cfg.mailbox_size) == (10, 60.0, 1.5, 3)
-    assert cfg.sqlite_synchronous == "NORMAL" and cfg.context_window == 8192
+    assert (cfg.tool_timeout, cfg.tool_result_cap, cfg.max_tool_rounds) == (2.5, 1000, 4)
+    assert cfg.sqlite_synchronous == "NORMAL"
+    assert (cfg.max_batch, cfg.subscriber_buffer) == (64, 128)
+    assert (cfg.restart_limit, cfg.restart_period, cfg.max_body_bytes) == (9, 30.0, 2048)
+    assert (cfg.max_output_tokens, cfg.summary_max_tokens) == (512, 128)
+    assert cfg.keep_alive_timeout == 12.5
+    # and each one landed: no field kept its default
+    defaults = Config()
+    unchanged = [f.name for f in dataclasses.fields(Config)
+                 if getattr(cfg, f.name) == getattr(defaults, f.name)]
+    assert unchanged == []
 
 
 @pytest.mark.parametrize("variable,value", [

@@ -1,4 +1,6 @@
-"""The runtime end to end, in-process: real openai SDK against the scripted server, real SQLite."""
+"""The runtime end to end, in-process, real SQLite. The model is agentik.testing's FunctionLlm /
+ScriptedLlm where the backend is not the subject (fast, deterministic); the openai backend against
+the scripted server where it is (connection failures, a killed process)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import trio
@@ -14,23 +16,53 @@ import trio.testing
 
 import agentik
 from agentik import Config, open_runtime
-from agentik.errors import ConversationFailedError, MailboxFullError, NotFoundError
-from agentik.llm.base import LiteConversation, LlmDelta, ToolSpec
-from agentik.llm.openai import OpenAiLlm
+from agentik.errors import ConversationFailedError, LlmResponseError, MailboxFullError, NotFoundError
+from agentik.llm.base import ToolSpec, UsageDelta
+from agentik.testing import Delta, FunctionLlm, ScriptedLlm
 from agentik.tools.base import FunctionTools
 from agentik.wire import (
+    AssistantItem,
     AssistantMessage,
     CommonEvent,
-    Content,
     Cursor,
     Error,
+    SystemItem,
     Text,
     ToolCall,
+    ToolCallSpec,
+    ToolItem,
     ToolResult,
+    UserItem,
     UserMessage,
     WorkingItem,
 )
-from tests.scripted_openai import Fail, Hang, Reply, ScriptedOpenAI, ToolCalls
+from tests.scripted_openai import Hang, ScriptedOpenAI
+
+SYSTEM = SystemItem(text="You are a test assistant.")
+
+
+@pytest.fixture
+def cfg(db_path: str) -> Config:
+    """A config for runs with a test double as the model (no model server)."""
+    return Config(db_path=db_path, system_prompt=SYSTEM.text)
+
+
+def user_text(messages: list[WorkingItem]) -> str:
+    last = messages[-1]
+    assert isinstance(last, UserItem) and isinstance(last.content[0], Text)
+    return last.content[0].body
+
+
+def echo(messages: list[WorkingItem], tools: list[ToolSpec]) -> str:
+    return "echo: " + user_text(messages)
+
+
+def said(text: str) -> UserItem:
+    return UserItem(content=[Text(text)])
+
+
+def answered(text: str) -> AssistantItem:
+    return AssistantItem(content=[Text(text)])
 
 
 async def take_until(
@@ -64,6 +96,18 @@ def is_type(*names: str) -> Callable[[CommonEvent], bool]:
     return lambda ev: ev.type in names
 
 
+def nth(name: str, n: int) -> Callable[[CommonEvent], bool]:
+    """Stop at the ``n``-th event of type ``name``."""
+    seen = 0
+
+    def stop(ev: CommonEvent) -> bool:
+        nonlocal seen
+        seen += ev.type == name
+        return seen == n
+
+    return stop
+
+
 async def run_turn(agent: agentik.LocalAgent, conv: agentik.LocalConversation, text: str,
                    ) -> list[CommonEvent]:
     """Send and return the conversation's durable events up to and including Touched."""
@@ -72,20 +116,14 @@ async def run_turn(agent: agentik.LocalAgent, conv: agentik.LocalConversation, t
     return await take_until(agent.outbox.conversation_events(cursor, conv.id), is_type("touched"))
 
 
-async def test_plain_turn_online_and_durable_events(config: Config, scripted: ScriptedOpenAI) -> None:
-    scripted.push(Reply(["Hello", " there", "!"], usage=(12, 3)))
-    async with open_runtime(config) as agent:
+async def test_plain_turn_online_and_durable_events(cfg: Config) -> None:
+    llm = ScriptedLlm(["Hello", " there", "!", UsageDelta(prompt_tokens=12, completion_tokens=3)])
+    async with open_runtime(cfg, llm=llm) as agent:
         conv = await agent.create_conversation()
         cursor = await agent.outbox.current_cursor()
         online = agent.online_outbox.online_events(conv.id)
         async with trio.open_nursery() as n:
-            seen: list[CommonEvent] = []
-
-            async def watch() -> None:
-                seen.extend(await take_until(online, is_type("end")))
-
-            n.start_soon(watch)
-            await trio.testing.wait_all_tasks_blocked()
+            seen = await watch(n, online, is_type("end"))
             message_id = await conv.send("hi")
         assert [e.type for e in seen] == ["working", "start_response", "append_text",
                                           "append_text", "append_text", "end"]
@@ -98,7 +136,7 @@ async def test_plain_turn_online_and_durable_events(config: Config, scripted: Sc
         assert durable[0].event.record.id == message_id  # type: ignore[union-attr]
         answer = durable[1].event.record.message  # type: ignore[union-attr]
         assert isinstance(answer, AssistantMessage)
-        assert answer.content == [Text(body="Hello there!")]
+        assert answer.content == [Text("Hello there!")]
         assert answer.tokens is not None and (answer.tokens.prompt, answer.tokens.completion) == (12, 3)
         messages = await conv.get_messages()
         assert [type(m.message) for m in messages] == [UserMessage, AssistantMessage]
@@ -106,17 +144,17 @@ async def test_plain_turn_online_and_durable_events(config: Config, scripted: Sc
         assert [m.seq for m in messages] == offsets[:2]
         snap = await agent.chat_snapshot(conv.id)
         assert snap.cursor.offset >= offsets[-1] and snap.conversation.seq == offsets[-1]
-        assert scripted.requests[0]["messages"][0] == {"role": "system",
-                                                       "content": "You are a test assistant."}
+        assert llm.requests[0][0] == [SYSTEM, said("hi")]
 
 
-async def test_resume_after_runtime_restart(config: Config, scripted: ScriptedOpenAI) -> None:
-    async with open_runtime(config) as agent:
+async def test_resume_after_runtime_restart(cfg: Config) -> None:
+    llm = FunctionLlm(echo)
+    async with open_runtime(cfg, llm=llm) as agent:
         conv = await agent.create_conversation()
         start = await agent.outbox.current_cursor()
         await run_turn(agent, conv, "one")
         middle = await agent.outbox.current_cursor()
-    async with open_runtime(config) as agent:
+    async with open_runtime(cfg, llm=llm) as agent:
         assert (await agent.outbox.current_cursor()) == middle
         conv2 = await agent.get_conversation(conv.id)
         assert conv2 is not None
@@ -128,14 +166,22 @@ async def test_resume_after_runtime_restart(config: Config, scripted: ScriptedOp
         after = await take_until(agent.outbox.events(middle), is_type("touched"))
         assert [e.type for e in after] == ["user_message", "assistant_message", "touched"]
         # the model got the history stored before the restart
-        assert [m["content"] for m in scripted.requests[-1]["messages"]] == [
-            "You are a test assistant.", "one", "echo: one", "two"]
+        assert llm.requests[-1][0] == [SYSTEM, said("one"), answered("echo: one"), said("two")]
 
 
-async def test_interrupt_mid_stream_keeps_what_was_seen(config: Config, scripted: ScriptedOpenAI) -> None:
-    gate = trio.Event()
-    scripted.push(Reply(["Partial ", "answer ", "never"], gate=gate), Reply("fine"))
-    async with open_runtime(config) as agent:
+async def test_interrupt_mid_stream_keeps_what_was_seen(cfg: Config) -> None:
+    closed = trio.Event()
+
+    async def never_finishes() -> AsyncIterator[Delta]:
+        try:
+            yield "Partial "
+            await trio.sleep_forever()
+            yield "never"
+        finally:
+            closed.set()
+
+    llm = ScriptedLlm(never_finishes(), "fine")
+    async with open_runtime(cfg, llm=llm) as agent:
         conv = await agent.create_conversation()
         cursor = await agent.outbox.current_cursor()
         async with trio.open_nursery() as n:
@@ -153,32 +199,36 @@ async def test_interrupt_mid_stream_keeps_what_was_seen(config: Config, scripted
                                              "touched"]
         partial = durable[1].event.record.message  # type: ignore[union-attr]
         assert isinstance(partial, AssistantMessage) and partial.interrupted
-        assert partial.content == [Text(body="Partial ")]
-        with trio.fail_after(10):
-            await scripted.wait_idle()  # the cancelled stream was closed
+        assert partial.content == [Text("Partial ")]
+        assert closed.is_set()  # the cancelled stream was closed at once
         assert await conv.interrupt() is False  # nothing running now
-        # the conversation goes on, and the model sees what the user saw
+        # the conversation goes on in a new session, and the model sees what the user saw
         await run_turn(agent, conv, "again")
-        assert [m["content"] for m in scripted.requests[-1]["messages"]][1:] == [
-            "tell me", "Partial ", "again"]
+        assert llm.sessions == 2
+        assert llm.requests[-1][0] == [SYSTEM, said("tell me"), answered("Partial "), said("again")]
 
 
-async def test_llm_failure_then_a_working_turn(config: Config, scripted: ScriptedOpenAI) -> None:
-    scripted.push(Fail(500, "model exploded"), Reply("recovered"))
-    async with open_runtime(config) as agent:
+async def test_llm_failure_then_a_working_turn(cfg: Config) -> None:
+    def model(messages: list[WorkingItem], tools: list[ToolSpec]) -> str:
+        if user_text(messages) == "first":
+            raise LlmResponseError("model exploded")
+        return "recovered"
+
+    llm = FunctionLlm(model)
+    async with open_runtime(cfg, llm=llm) as agent:
         conv = await agent.create_conversation()
         async with trio.open_nursery() as n:
             ended = await watch(n, agent.online_outbox.online_events(conv.id), is_type("end"))
             events = await run_turn(agent, conv, "first")
         assert [e.type for e in events] == ["user_message", "error", "touched"]
         error = events[1].event.record.message  # type: ignore[union-attr]
-        assert isinstance(error, Error) and "500" in error.message and "model exploded" in error.message
+        assert isinstance(error, Error) and error.code == "llm_response"
+        assert error.message == "model exploded"
         assert [e.type for e in ended] == ["working", "end"]
         events = await run_turn(agent, conv, "second")
         assert [e.type for e in events] == ["user_message", "assistant_message", "touched"]
         # the Error is in the journal but not in working memory: the model never sees it
-        assert [m["content"] for m in scripted.requests[-1]["messages"]] == [
-            "You are a test assistant.", "first", "second"]
+        assert llm.requests[-1][0] == [SYSTEM, said("first"), said("second")]
         assert [type(m.message) for m in await conv.get_messages()] == [
             UserMessage, Error, UserMessage, AssistantMessage]
 
@@ -195,52 +245,17 @@ async def test_unreachable_llm_ends_turn_with_error(db_path: str) -> None:
         assert events[1].event.record.message.code == "llm_connection"  # type: ignore[union-attr]
 
 
-class CrashingLlm:
-    """The real backend, except that a user message "crash!" raises a bug-like exception inside
-    the turn (what a defect in our own code would look like to the supervisor)."""
-
-    def __init__(self, inner: OpenAiLlm) -> None:
-        self.inner = inner
-        self.supports_images = inner.supports_images
-        self.context_window = inner.context_window
-        self.exact_tokens = inner.exact_tokens
-        self.max_output_tokens = inner.max_output_tokens
-
-    async def count_tokens(self, items: Sequence[WorkingItem]) -> list[int]:
-        return await self.inner.count_tokens(items)
-
-    async def open(self, history: Sequence[WorkingItem], tools: Sequence[ToolSpec]) -> LiteConversation:
-        return _CrashingConv(await self.inner.open(history, tools))
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+def crashes_on_request(messages: list[WorkingItem], tools: list[ToolSpec]) -> str:
+    """A user message "crash!" raises a bug-like exception inside the turn (what a defect in our
+    own code would look like to the supervisor)."""
+    if user_text(messages) == "crash!":
+        raise RuntimeError("simulated defect")
+    return echo(messages, tools)
 
 
-class _CrashingConv:
-    def __init__(self, inner: LiteConversation) -> None:
-        self.inner = inner
-
-    async def send_stream(
-        self, content: Sequence[Content] | None, *, max_output_tokens: int | None = None
-    ) -> AsyncGenerator[LlmDelta, None]:
-        if content and isinstance(content[0], Text) and content[0].body == "crash!":
-            raise RuntimeError("simulated defect")
-        async for delta in self.inner.send_stream(content, max_output_tokens=max_output_tokens):
-            yield delta
-
-    def add_tool_result(self, call_id: str, name: str, result: str) -> None:
-        self.inner.add_tool_result(call_id, name, result)
-
-    async def interrupt(self) -> None:
-        await self.inner.interrupt()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-async def test_actor_crash_is_contained_and_restarted(config: Config) -> None:
-    cfg = config.replace(restart_limit=2, restart_period=60)
-    async with open_runtime(cfg, llm=CrashingLlm(OpenAiLlm.from_config(cfg))) as agent:
+async def test_actor_crash_is_contained_and_restarted(cfg: Config) -> None:
+    cfg = cfg.replace(restart_limit=2, restart_period=60)
+    async with open_runtime(cfg, llm=FunctionLlm(crashes_on_request)) as agent:
         a = await agent.create_conversation()
         b = await agent.create_conversation()
         events = await run_turn(agent, a, "crash!")
@@ -251,7 +266,7 @@ async def test_actor_crash_is_contained_and_restarted(config: Config) -> None:
         assert [e.type for e in events_b] == ["user_message", "assistant_message", "touched"]
         # the crashed one was restarted from working memory and works
         events = await run_turn(agent, a, "hello a")
-        assert events[1].event.record.message.content == [Text(body="echo: hello a")]  # type: ignore[union-attr]
+        assert events[1].event.record.message.content == [Text("echo: hello a")]  # type: ignore[union-attr]
         # a crash loop stops at the limit
         await run_turn(agent, a, "crash!")
         await run_turn(agent, a, "crash!")
@@ -264,47 +279,80 @@ async def test_actor_crash_is_contained_and_restarted(config: Config) -> None:
         assert events_b[1].type == "assistant_message"
 
 
-async def test_cold_load_after_passivation_gives_same_history(
-    config: Config, scripted: ScriptedOpenAI
-) -> None:
-    cfg = config.replace(idle_timeout=0.05)
-    async with open_runtime(cfg) as agent:
+async def test_cold_load_after_passivation_gives_same_history(cfg: Config) -> None:
+    llm = FunctionLlm(echo)
+    async with open_runtime(cfg.replace(idle_timeout=0.05), llm=llm) as agent:
         conv = await agent.create_conversation()
         await run_turn(agent, conv, "one")
         await run_turn(agent, conv, "two")
-        warm_history = scripted.requests[-1]["messages"]
+        warm_history = llm.requests[-1][0]
+        handle = agent._registry.live[conv.id]
         with trio.fail_after(10):
-            while conv.id in agent._registry.live:  # noqa: ASYNC110 - bounded wait for idle timeout
-                await trio.sleep(0.01)
+            await handle.exited.wait()  # passivated after idle_timeout
+        assert conv.id not in agent._registry.live
         await run_turn(agent, conv, "three")
-        cold_history = scripted.requests[-1]["messages"]
-        assert cold_history[: len(warm_history)] == warm_history
-        assert cold_history[len(warm_history):] == [
-            {"role": "assistant", "content": "echo: two"}, {"role": "user", "content": "three"}]
+        assert llm.sessions == 2
+        assert llm.requests[-1][0] == [*warm_history, answered("echo: two"), said("three")]
 
 
-async def test_mailbox_full_is_refused_without_storing(config: Config, scripted: ScriptedOpenAI) -> None:
-    gate = trio.Event()
-    scripted.push(Reply(["a", "b"], gate=gate))
-    async with open_runtime(config.replace(mailbox_size=1)) as agent:
+async def test_concurrent_cold_loads_share_one_actor(cfg: Config) -> None:
+    llm = FunctionLlm(echo)
+    async with open_runtime(cfg, llm=llm) as agent:
         conv = await agent.create_conversation()
+    async with open_runtime(cfg, llm=llm) as agent:
+        assert conv.id not in agent._registry.live  # cold: only in storage
+        handles = []
+
+        async def load() -> None:
+            handles.append(await agent._registry.get(conv.id))
+
+        async with trio.open_nursery() as n:
+            for _ in range(3):
+                n.start_soon(load)
+        assert len(handles) == 3 and handles[0] is not None
+        assert all(h is handles[0] for h in handles)
+        assert agent._registry.live == {conv.id: handles[0]}
+        # and sends racing a cold load go to the one actor, one turn after the other
+        cursor = await agent.outbox.current_cursor()
+        async with trio.open_nursery() as n:
+            n.start_soon(agent.send, conv.id, "a")
+            n.start_soon(agent.send, conv.id, "b")
+        events = await take_until(agent.outbox.conversation_events(cursor, conv.id),
+                                  nth("assistant_message", 2))
+        assert [e.type for e in events].count("assistant_message") == 2
+        first, second = (user_text(messages) for messages, _ in llm.requests)
+        assert llm.requests[1][0][-3:] == [said(first), answered(f"echo: {first}"), said(second)]
+
+
+async def test_mailbox_full_is_refused_without_storing(cfg: Config) -> None:
+    gate = trio.Event()
+    entered = trio.Event()
+
+    async def slow(messages: list[WorkingItem], tools: list[ToolSpec]) -> str:
+        entered.set()
+        await gate.wait()
+        return "done"
+
+    async with open_runtime(cfg.replace(mailbox_size=1), llm=FunctionLlm(slow)) as agent:
+        conv = await agent.create_conversation()
+        cursor = await agent.outbox.current_cursor()
         await conv.send("running")
         with trio.fail_after(10):
-            await scripted.wait_requests(1)  # the first turn left the mailbox
+            await entered.wait()  # the first turn left the mailbox
         await conv.send("queued")
         with pytest.raises(MailboxFullError) as info:
             await conv.send("refused")
         assert info.value.retry_after > 0
         gate.set()
-        with trio.fail_after(10):
-            while len(await conv.get_messages()) < 4:  # noqa: ASYNC110 - polls the journal
-                await trio.sleep(0.01)
+        events = await take_until(agent.outbox.conversation_events(cursor, conv.id),
+                                  nth("assistant_message", 2))
+        assert [e.type for e in events].count("assistant_message") == 2
         texts = [m.message.content[0].body for m in await conv.get_messages()  # type: ignore[union-attr]
                  if isinstance(m.message, UserMessage)]
         assert texts == ["running", "queued"]
 
 
-async def test_tool_loop(config: Config, scripted: ScriptedOpenAI) -> None:
+async def test_tool_loop(cfg: Config) -> None:
     tools = FunctionTools()
 
     def add(a: int, b: int) -> int:
@@ -318,12 +366,14 @@ async def test_tool_loop(config: Config, scripted: ScriptedOpenAI) -> None:
     tools.add(add, parameters={"type": "object", "properties": {"a": {"type": "integer"},
                                                                 "b": {"type": "integer"}}})
     tools.add(hang)
-    scripted.push(
-        ToolCalls([("c1", "add", '{"a": 2, "b": 3}'), ("c2", "nope", "{}"),
-                   ("c3", "add", "{not json"), ("c4", "hang", "{}")], text_before="Checking. "),
-        Reply("It is 5."),
+    llm = ScriptedLlm(
+        ["Checking. ", ToolCallSpec(call_id="c1", name="add", arguments='{"a": 2, "b": 3}'),
+         ToolCallSpec(call_id="c2", name="nope", arguments="{}"),
+         ToolCallSpec(call_id="c3", name="add", arguments="{not json"),
+         ToolCallSpec(call_id="c4", name="hang", arguments="{}")],
+        "It is 5.",
     )
-    async with open_runtime(config.replace(tool_timeout=0.2), tools=tools) as agent:
+    async with open_runtime(cfg.replace(tool_timeout=0.2), llm=llm, tools=tools) as agent:
         conv = await agent.create_conversation()
         events = await run_turn(agent, conv, "what is 2+3?")
         assert [e.type for e in events] == [
@@ -337,29 +387,49 @@ async def test_tool_loop(config: Config, scripted: ScriptedOpenAI) -> None:
         assert "not valid JSON" in results[2].content
         assert "timed out" in results[3].content
         answer = events[-2].event.record.message  # type: ignore[union-attr]
-        assert answer.content == [Text(body="Checking. It is 5.")]
-        # the second model request carried the assistant's tool calls and every result
-        second = scripted.requests[1]
-        assert second["tools"][0]["function"]["name"] == "add"
-        tool_msgs = [m for m in second["messages"] if m["role"] == "tool"]
-        assert [m["tool_call_id"] for m in tool_msgs] == ["c1", "c2", "c3", "c4"]
+        assert answer.content == [Text("Checking. It is 5.")]
+        # the second round carried the assistant's tool calls and every result
+        messages, specs = llm.requests[1]
+        assert [spec.name for spec in specs] == ["add", "hang"]
+        assert [m.call_id for m in messages if isinstance(m, ToolItem)] == ["c1", "c2", "c3", "c4"]
         calls = [m.message for m in await conv.get_messages() if isinstance(m.message, ToolCall)]
         assert [c.name for c in calls] == ["add", "nope", "add", "hang"]
 
 
-async def test_tool_round_limit(config: Config, scripted: ScriptedOpenAI) -> None:
+async def test_tool_round_limit(cfg: Config) -> None:
     tools = FunctionTools()
     tools.add(lambda: "again", name="loop")
-    scripted.push(*[ToolCalls([(f"c{i}", "loop", "{}")]) for i in range(3)])
-    async with open_runtime(config.replace(max_tool_rounds=2), tools=tools) as agent:
+    llm = ScriptedLlm(*[[ToolCallSpec(call_id=f"c{i}", name="loop", arguments="{}")]
+                        for i in range(3)])
+    async with open_runtime(cfg.replace(max_tool_rounds=2), llm=llm, tools=tools) as agent:
         conv = await agent.create_conversation()
         events = await run_turn(agent, conv, "go")
         assert events[-2].type == "error"
         assert events[-2].event.record.message.code == "tool_rounds"  # type: ignore[union-attr]
 
 
-async def test_rename_delete_and_temporary(config: Config) -> None:
-    async with open_runtime(config) as agent:
+async def test_a_changed_tool_list_opens_a_new_session(cfg: Config) -> None:
+    """MCP servers change their tools in the background; a session has a fixed tool list."""
+    tools = FunctionTools()
+    tools.add(lambda: "a", name="first")
+    llm = FunctionLlm(echo)
+    async with open_runtime(cfg, llm=llm, tools=tools) as agent:
+        conv = await agent.create_conversation()
+        await run_turn(agent, conv, "one")
+        await run_turn(agent, conv, "two")
+        assert llm.sessions == 1  # the session is kept across turns
+        tools.add(lambda: "b", name="second")
+        await run_turn(agent, conv, "three")
+        assert llm.sessions == 2
+        assert [spec.name for spec in llm.requests[-1][1]] == ["first", "second"]
+        # the new session starts from working memory
+        assert llm.requests[-1][0] == [SYSTEM, said("one"), answered("echo: one"), said("two"),
+                                       answered("echo: two"), said("three")]
+
+
+async def test_rename_delete_and_temporary(cfg: Config) -> None:
+    llm = FunctionLlm(echo)
+    async with open_runtime(cfg, llm=llm) as agent:
         keep = await agent.create_conversation(title="first")
         temp = await agent.create_conversation(temp=True)
         assert temp.is_temporal
@@ -383,22 +453,25 @@ async def test_rename_delete_and_temporary(config: Config) -> None:
                                        is_type("deleted"))
         assert conv_events[-2].type == "conversation_closing"
         before_restart = await agent.outbox.current_cursor()
-    async with open_runtime(config) as agent:
+    async with open_runtime(cfg, llm=llm) as agent:
         assert await agent.get_conversation(temp.id) is None  # temporary: gone after a restart
         events = await take_until(agent.outbox.agent_events(before_restart), is_type("deleted"))
         assert events[-1].event.conversation_id == temp.id  # type: ignore[union-attr]
 
 
-async def test_shutdown_mid_turn_ends_it_with_a_terminal_record(
-    config: Config, scripted: ScriptedOpenAI
-) -> None:
-    scripted.push(Hang(text_before="Thinking about"))
-    async with open_runtime(config) as agent:
+async def never_answers(messages: list[WorkingItem], tools: list[ToolSpec]) -> AsyncIterator[Delta]:
+    yield "Thinking about"
+    await trio.sleep_forever()
+
+
+async def test_shutdown_mid_turn_ends_it_with_a_terminal_record(cfg: Config) -> None:
+    llm = FunctionLlm(never_answers)
+    async with open_runtime(cfg, llm=llm) as agent:
         conv = await agent.create_conversation()
         async with trio.open_nursery() as n:
             await watch(n, agent.online_outbox.online_events(conv.id), is_type("append_text"))
             await conv.send("question")
-    async with open_runtime(config) as agent:
+    async with open_runtime(cfg, llm=llm) as agent:
         messages = await agent.journal.list(conversation_id=conv.id)
         kinds = [type(m.message).__name__ for m in messages]
         assert kinds == ["UserMessage", "AssistantMessage", "Error"]
@@ -456,15 +529,13 @@ async def test_process_killed_mid_turn_gets_terminal_record_on_restart(
 
 
 
-async def test_runtime_cancelled_from_outside_still_closes_turns(
-    config: Config, scripted: ScriptedOpenAI
-) -> None:
+async def test_runtime_cancelled_from_outside_still_closes_turns(cfg: Config) -> None:
     """Cancelling the task that holds the runtime (not leaving its block) must still let running
     turns store their terminal records before storage stops."""
-    scripted.push(Hang(text_before="Hmm"))
+    llm = FunctionLlm(never_answers)
     conv_id = ""
     with trio.CancelScope() as scope:
-        async with open_runtime(config) as agent:
+        async with open_runtime(cfg, llm=llm) as agent:
             conv = await agent.create_conversation()
             conv_id = conv.id
             async with trio.open_nursery() as n:
@@ -472,16 +543,14 @@ async def test_runtime_cancelled_from_outside_still_closes_turns(
                 await conv.send("question")
             scope.cancel()
             await trio.sleep_forever()
-    async with open_runtime(config) as agent:
+    async with open_runtime(cfg, llm=llm) as agent:
         kinds = [type(m.message).__name__ for m in await agent.journal.list(conversation_id=conv_id)]
         assert kinds == ["UserMessage", "AssistantMessage", "Error"]  # closed at shutdown, not restart
         messages = await agent.journal.list(conversation_id=conv_id)
         assert messages[-1].message.code == "cancelled"  # type: ignore[union-attr]
 
 
-async def test_interrupt_during_a_tool_call_closes_the_call(
-    config: Config, scripted: ScriptedOpenAI
-) -> None:
+async def test_interrupt_during_a_tool_call_closes_the_call(cfg: Config) -> None:
     tools = FunctionTools()
     started = trio.Event()
 
@@ -491,8 +560,9 @@ async def test_interrupt_during_a_tool_call_closes_the_call(
         return ""
 
     tools.add(slow)
-    scripted.push(ToolCalls([("c1", "slow", "{}")], text_before="Working on it. "), Reply("ok"))
-    async with open_runtime(config, tools=tools) as agent:
+    llm = ScriptedLlm(["Working on it. ", ToolCallSpec(call_id="c1", name="slow", arguments="{}")],
+                      "ok")
+    async with open_runtime(cfg, llm=llm, tools=tools) as agent:
         conv = await agent.create_conversation()
         cursor = await agent.outbox.current_cursor()
         await conv.send("go")
@@ -503,9 +573,12 @@ async def test_interrupt_during_a_tool_call_closes_the_call(
                                   is_type("touched"))
         assert [e.type for e in events] == ["user_message", "tool_call", "tool_failed",
                                             "assistant_message", "interrupted", "touched"]
-        assert events[3].event.record.message.content == [Text(body="Working on it. ")]  # type: ignore[union-attr]
+        assert events[3].event.record.message.content == [Text("Working on it. ")]  # type: ignore[union-attr]
         await run_turn(agent, conv, "next")
-        history = scripted.requests[-1]["messages"]
-        assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "user"]
-        assert history[2]["content"] == "Working on it. "  # said once, not twice
-        assert history[3]["tool_call_id"] == "c1"
+        history = llm.requests[-1][0]
+        assert [type(m).__name__ for m in history] == [
+            "SystemItem", "UserItem", "AssistantItem", "ToolItem", "UserItem"]
+        assert history[2] == AssistantItem(  # said once, not twice
+            content=[Text("Working on it. ")],
+            tool_calls=[ToolCallSpec(call_id="c1", name="slow", arguments="{}")])
+        assert isinstance(history[3], ToolItem) and history[3].call_id == "c1"
