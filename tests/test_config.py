@@ -32,7 +32,8 @@ EVERY_VARIABLE = {
     "AGENTIK_MAX_BATCH": "64", "AGENTIK_SUBSCRIBER_BUFFER": "128", "AGENTIK_RESTART_LIMIT": "9",
     "AGENTIK_RESTART_PERIOD": "30", "AGENTIK_MAX_BODY_BYTES": "2048",
     "AGENTIK_MAX_OUTPUT_TOKENS": "512", "AGENTIK_SUMMARY_MAX_TOKENS": "128",
-    "AGENTIK_KEEP_ALIVE_TIMEOUT": "12.5",
+    "AGENTIK_KEEP_ALIVE_TIMEOUT": "12.5", "AGENTIK_AGENT_NAME": "helper",
+    "AGENTIK_AGENT_DESCRIPTION": "answers questions",
 }
 
 
@@ -68,6 +69,7 @@ def test_reads_every_variable() -> None:
     assert (cfg.restart_limit, cfg.restart_period, cfg.max_body_bytes) == (9, 30.0, 2048)
     assert (cfg.max_output_tokens, cfg.summary_max_tokens) == (512, 128)
     assert cfg.keep_alive_timeout == 12.5
+    assert (cfg.agent_name, cfg.agent_description) == ("helper", "answers questions")
     # and each one landed: no field kept its default
     defaults = Config()
     unchanged = [f.name for f in dataclasses.fields(Config)
