@@ -254,7 +254,11 @@ class LiteRtLlm:
                 counts[0] += once
             return counts
 
-        return await trio.to_thread.run_sync(count)
+        try:
+            return await trio.to_thread.run_sync(count)
+        except Exception:  # the engine is closing: the estimate keeps the turn going
+            log.debug("tokenizing with the engine failed; estimating", exc_info=True)
+            return [estimate_item(item, images=self.supports_images) for item in items]
 
     async def open(
         self, history: Sequence[WorkingItem], tools: Sequence[ToolSpec]
