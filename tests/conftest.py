@@ -3,7 +3,10 @@ with a fresh SQLite file per test."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,3 +37,60 @@ def config(scripted: ScriptedOpenAI, db_path: str) -> Config:
         llm_timeout=10.0,
         system_prompt="You are a test assistant.",
     )
+
+
+# --- PostgreSQL (the scale-out engine) ----------------------------------------------------------
+
+#: the test database; a schema per test isolates tests from each other
+PG_BASE_URL = os.environ.get("AGENTIK_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def pg_available() -> str | None:
+    """None when PostgreSQL answers, else why not. Under CI=true a missing PostgreSQL is a
+    failure, never a skip."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install 'agentik[postgres]')"
+    try:
+        psycopg.connect(PG_BASE_URL, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return f"PostgreSQL is not reachable at {PG_BASE_URL}: {exc}"
+    return None
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh schema in the test database; the URL's search_path points at it."""
+    why = pg_available()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(PG_BASE_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")  # type: ignore[arg-type]
+    sep = "&" if "?" in PG_BASE_URL else "?"
+    try:
+        yield f"{PG_BASE_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(PG_BASE_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class StorageTarget:
+    """Where a storage test runs: SQLite file ``path``, or PostgreSQL ``url`` when set."""
+
+    engine: str
+    path: str
+    url: str | None
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(request: pytest.FixtureRequest, db_path: str) -> StorageTarget:
+    if request.param == "sqlite":
+        return StorageTarget("sqlite", db_path, None)
+    return StorageTarget("postgres", db_path, request.getfixturevalue("pg_url"))

@@ -22,12 +22,16 @@ from agentik.storage.actor import Storage, run_storage
 from agentik.storage.schema import SCHEMA_VERSION
 from agentik.storage.writer import Writer
 from agentik.wire import CommonEvent, Cursor, Text, UserMessage
+from tests.conftest import StorageTarget
 
 
 @asynccontextmanager
-async def open_storage(path: str, **kw: object) -> AsyncIterator[Storage]:
+async def open_storage(target: StorageTarget, **kw: object) -> AsyncIterator[Storage]:
+    """The contract tests run on every engine (the ``target`` fixture: SQLite and PostgreSQL)."""
     async with trio.open_nursery() as nursery:
-        storage: Storage = await nursery.start(partial(run_storage, path, **kw))  # type: ignore[arg-type]
+        storage: Storage = await nursery.start(
+            partial(run_storage, target.path, database_url=target.url, **kw)  # type: ignore[arg-type]
+        )
         yield storage
         nursery.cancel_scope.cancel()
 
@@ -53,8 +57,8 @@ async def collect(it: AsyncIterator[CommonEvent], n: int) -> list[CommonEvent]:
     return out
 
 
-async def test_one_counter_group_commit_and_contiguous_offsets(db_path: str) -> None:
-    async with open_storage(db_path) as st:
+async def test_one_counter_group_commit_and_contiguous_offsets(target: StorageTarget) -> None:
+    async with open_storage(target) as st:
         await create(st)
         seqs: list[int] = []
 
@@ -76,10 +80,10 @@ async def test_one_counter_group_commit_and_contiguous_offsets(db_path: str) -> 
         assert st.hub.current_cursor().offset == 201
 
 
-async def test_cursor_invariant_under_concurrent_writers(db_path: str) -> None:
+async def test_cursor_invariant_under_concurrent_writers(target: StorageTarget) -> None:
     """A reader that takes the cursor and then reads state never misses an event; resuming from
     that cursor gives every later event exactly once, in order."""
-    async with open_storage(db_path) as st:
+    async with open_storage(target) as st:
         await create(st)
         total = 300
         observations: list[tuple[int, set[int], list[int]]] = []
@@ -112,12 +116,12 @@ async def test_cursor_invariant_under_concurrent_writers(db_path: str) -> None:
             assert offsets == list(range(cursor + 1, total + 2))  # exactly once, in order
 
 
-async def test_epoch_and_cursor_survive_restart(db_path: str) -> None:
-    async with open_storage(db_path) as st:
+async def test_epoch_and_cursor_survive_restart(target: StorageTarget) -> None:
+    async with open_storage(target) as st:
         await create(st)
         before = st.hub.current_cursor()
         await append(st, "c1", "m1")
-    async with open_storage(db_path) as st:
+    async with open_storage(target) as st:
         assert st.epoch == before.epoch
         assert st.hub.current_cursor().offset == 2
         events = await collect(st.hub.events(before), 1)
@@ -125,8 +129,8 @@ async def test_epoch_and_cursor_survive_restart(db_path: str) -> None:
         assert await append(st, "c1", "m2") == 3  # the counter continues
 
 
-async def test_gap_errors_for_evicted_foreign_and_future_cursors(db_path: str) -> None:
-    async with open_storage(db_path, outbox_cap=5) as st:
+async def test_gap_errors_for_evicted_foreign_and_future_cursors(target: StorageTarget) -> None:
+    async with open_storage(target, outbox_cap=5) as st:
         await create(st)
         for i in range(10):
             await append(st, "c1", f"m{i}")
@@ -145,10 +149,10 @@ async def test_gap_errors_for_evicted_foreign_and_future_cursors(db_path: str) -
 
 
 async def test_eviction_while_replaying_is_a_gap_not_a_skip(
-    db_path: str, monkeypatch: pytest.MonkeyPatch
+    target: StorageTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hub_module, "REPLAY_PAGE", 3)
-    async with open_storage(db_path, outbox_cap=20) as st:
+    async with open_storage(target, outbox_cap=20) as st:
         await create(st)
         for i in range(10):
             await append(st, "c1", f"m{i}")
@@ -164,11 +168,11 @@ async def test_eviction_while_replaying_is_a_gap_not_a_skip(
         await it.aclose()  # type: ignore[attr-defined]
 
 
-async def test_ttl_trims_the_outbox(db_path: str) -> None:
+async def test_ttl_trims_the_outbox(target: StorageTarget) -> None:
     """The writer's clock dates every event; the transaction at time t drops exactly the offsets
     older than t - TTL (a prefix), nothing younger."""
     now = [1000.0]
-    async with open_storage(db_path, outbox_ttl=10.0, clock=lambda: now[0]) as st:
+    async with open_storage(target, outbox_ttl=10.0, clock=lambda: now[0]) as st:
         await create(st)  # offset 1, t=1000
         now[0] = 1005.0
         await append(st, "c1", "m1")  # offset 2, t=1005: offset 1 is 5 s old and stays
@@ -180,8 +184,8 @@ async def test_ttl_trims_the_outbox(db_path: str) -> None:
         assert conv is not None and conv.created_at == 1000.0  # stored times are the writer's clock
 
 
-async def test_stalled_subscriber_never_blocks_writer_and_catches_up(db_path: str) -> None:
-    async with open_storage(db_path, subscriber_buffer=4) as st:
+async def test_stalled_subscriber_never_blocks_writer_and_catches_up(target: StorageTarget) -> None:
+    async with open_storage(target, subscriber_buffer=4) as st:
         await create(st)
         start = st.hub.current_cursor()
         stalled = st.hub.events(start)
@@ -247,8 +251,8 @@ def test_refused_op_hands_its_seqs_back(tmp_path: Path) -> None:
     w.close()
 
 
-async def test_refused_op_through_the_actor(db_path: str) -> None:
-    async with open_storage(db_path) as st:
+async def test_refused_op_through_the_actor(target: StorageTarget) -> None:
+    async with open_storage(target) as st:
         await create(st)
 
         async def bad() -> None:
@@ -320,6 +324,6 @@ def test_one_writer_per_database(tmp_path: Path) -> None:
 
 
 async def test_clean_shutdown_checkpoints_the_wal(db_path: str) -> None:
-    async with open_storage(db_path) as st:
+    async with open_storage(StorageTarget("sqlite", db_path, None)) as st:
         await create(st)
     assert not await trio.Path(db_path + "-wal").exists()

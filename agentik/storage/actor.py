@@ -1,4 +1,4 @@
-"""StorageActor: the only writer to SQLite.
+"""StorageActor: the node's only writer (SQLite or PostgreSQL, behind ``engine.WriterEngine``).
 
 Callers ``await storage.write(op)``; the request goes on a bounded channel with a one-shot reply.
 The actor takes one request, then every request already queued (up to ``max_batch``), and commits
@@ -23,6 +23,7 @@ import trio
 
 from agentik.errors import AgentikError, RuntimeClosedError, StorageError
 from agentik.storage import ops
+from agentik.storage.engine import ReaderEngine, WriterEngine
 from agentik.storage.hub import EventHub
 from agentik.storage.queries import Reader
 from agentik.storage.writer import Writer
@@ -49,7 +50,9 @@ class Storage:
     """Handle to the running StorageActor: ``write`` for the writer, ``reader`` and ``hub`` for
     reads. Made by :func:`run_storage`: ``storage = await nursery.start(run_storage, path)``."""
 
-    def __init__(self, send: trio.MemorySendChannel[_Request], reader: Reader, hub: EventHub) -> None:
+    def __init__(
+        self, send: trio.MemorySendChannel[_Request], reader: ReaderEngine, hub: EventHub
+    ) -> None:
         self._send = send
         self.reader = reader
         self.hub = hub
@@ -80,6 +83,7 @@ class Storage:
 async def run_storage(
     path: str,
     *,
+    database_url: str | None = None,
     synchronous: str = "FULL",
     outbox_cap: int = 100_000,
     outbox_ttl: float = 7 * 24 * 3600.0,
@@ -91,12 +95,34 @@ async def run_storage(
 ) -> None:
     """Run the StorageActor until cancelled. ``task_status.started`` gets the Storage handle once
     the database is open and migrated. Raises StorageError if the database cannot be opened.
+    ``database_url`` (``postgresql://…``) selects PostgreSQL instead of the SQLite file ``path``.
     ``clock`` is the writer's clock: every stored time comes from it, once per batch."""
-    writer = await trio.to_thread.run_sync(
-        lambda: Writer(path, synchronous=synchronous, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl,
-                       clock=clock)
-    )
-    reader = Reader(path)
+    writer: WriterEngine
+    reader: ReaderEngine
+    feed: Any = None
+    if database_url is not None:
+        from agentik.storage.pg_feed import Feed
+        from agentik.storage.pg_reader import PgReader
+        from agentik.storage.pg_writer import PgWriter
+
+        url = database_url
+        pg_writer = await trio.to_thread.run_sync(
+            lambda: PgWriter(url, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl, clock=clock)
+        )
+        pg_reader = PgReader(url)
+        try:
+            await trio.to_thread.run_sync(pg_reader.open)
+        except BaseException:
+            pg_reader.close()
+            await trio.to_thread.run_sync(pg_writer.close)
+            raise
+        writer, reader = pg_writer, pg_reader
+    else:
+        writer = await trio.to_thread.run_sync(
+            lambda: Writer(path, synchronous=synchronous, outbox_cap=outbox_cap,
+                           outbox_ttl=outbox_ttl, clock=clock)
+        )
+        reader = Reader(path)
     hub = EventHub(
         epoch=writer.epoch, head=writer.next_seq - 1, oldest=writer.oldest, reader=reader,
         buffer=subscriber_buffer,
@@ -104,19 +130,25 @@ async def run_storage(
     send, recv = trio.open_memory_channel[_Request](queue_size)
     storage = Storage(send, reader, hub)
     try:
-        task_status.started(storage)
-        async with recv:
-            while True:
-                first = await recv.receive()
-                batch = [first]
-                while len(batch) < max_batch:
-                    try:
-                        batch.append(recv.receive_nowait())
-                    except trio.WouldBlock:
-                        break
-                await _commit(writer, hub, storage, batch)
+        async with trio.open_nursery() as nursery:
+            if not writer.publishes_commits:
+                feed = Feed(url, pg_writer.channel, pg_reader, hub)
+                await nursery.start(feed.run)
+            task_status.started(storage)
+            async with recv:
+                while True:
+                    first = await recv.receive()
+                    batch = [first]
+                    while len(batch) < max_batch:
+                        try:
+                            batch.append(recv.receive_nowait())
+                        except trio.WouldBlock:
+                            break
+                    await _commit(writer, hub, storage, batch, feed)
     finally:
         send.close()
+        if feed is not None:
+            feed.flush_pending()  # committed: answer them even though this node stops
         # Answer anyone still waiting so no caller hangs on a closed actor.
         while True:
             try:
@@ -132,7 +164,9 @@ async def run_storage(
             await trio.to_thread.run_sync(writer.close)
 
 
-async def _commit(writer: Writer, hub: EventHub, storage: Storage, batch: list[_Request]) -> None:
+async def _commit(
+    writer: WriterEngine, hub: EventHub, storage: Storage, batch: list[_Request], feed: Any
+) -> None:
     # The thread call is not abandoned on cancel: a commit that started always finishes and is
     # answered, so a caller is never told "failed" about data that is in fact stored.
     try:
@@ -146,10 +180,19 @@ async def _commit(writer: Writer, hub: EventHub, storage: Storage, batch: list[_
     storage.stats.batches += 1
     storage.stats.ops += len(batch)
     storage.stats.largest_batch = max(storage.stats.largest_batch, len(batch))
-    hub.publish(result.events, result.oldest, result.head)
-    for req, value in zip(batch, result.results, strict=True):
-        if isinstance(value, AgentikError):
-            req.error = value
-        else:
-            req.result = value
-        req.done.set()
+
+    def answer() -> None:
+        for req, value in zip(batch, result.results, strict=True):
+            if isinstance(value, AgentikError):
+                req.error = value
+            else:
+                req.result = value
+            req.done.set()
+
+    if feed is None:
+        hub.publish(result.events, result.oldest, result.head)
+        answer()
+    else:
+        # Every node's events (this one's too) reach the hub through the feed, in global order;
+        # callers are answered once their batch is published there.
+        feed.after(result.head, answer)

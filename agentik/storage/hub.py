@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import trio
 
 from agentik.errors import OutboxGapError
-from agentik.storage.queries import Reader, has_conversation_events, outbox_page
+from agentik.storage.engine import ReaderEngine
+from agentik.storage.queries import has_conversation_events
 from agentik.storage.writer import StoredEvent
 from agentik.wire import CommonEvent, Cursor, OnlineEvent
 
@@ -52,7 +53,7 @@ class EventHub:
     epoch: str
     head: int
     oldest: int  # lowest retained offset; == head + 1 when the outbox is empty
-    reader: Reader
+    reader: ReaderEngine
     buffer: int = 4096
     _subs: set[_Subscriber] = field(default_factory=set)
     _online: dict[str, set[_OnlineSubscriber]] = field(default_factory=dict)
@@ -106,6 +107,14 @@ class EventHub:
             self._subs.discard(sub)
             sub.send.close()
 
+    def drop_live_subscribers(self) -> None:
+        """Close every durable live subscriber: each goes back to replaying from the store (which
+        raises OutboxGapError to a reader whose events were trimmed). Used by the PostgreSQL feed
+        when the outbox was trimmed past its cursor."""
+        subs, self._subs = self._subs, set()
+        for sub in subs:
+            sub.send.close()
+
     @property
     def subscriber_count(self) -> int:
         return len(self._subs)
@@ -122,6 +131,11 @@ class EventHub:
         overtaken by eviction. Runs until the consumer stops iterating or is cancelled."""
         if after is None:
             after = self.current_cursor()
+        if after.epoch == self.epoch and after.offset > self.head:
+            # A cursor from another node (PostgreSQL) may be ahead of this node's feed by a few
+            # milliseconds: it is ahead of the head only if it is ahead of the stored head.
+            _, head, _ = await self.reader.outbox_page(self.head, None, None, 0)
+            self.head = max(self.head, head)
         self.check(after)
         last = after.offset
         while True:
@@ -131,8 +145,8 @@ class EventHub:
             try:
                 # Replay what is stored after `last` (the subscriber already catches the rest).
                 while True:
-                    oldest, head, rows = await self.reader.run(
-                        outbox_page, last, conversation_id, kind, REPLAY_PAGE
+                    oldest, head, rows = await self.reader.outbox_page(
+                        last, conversation_id, kind, REPLAY_PAGE
                     )
                     if last < oldest - 1:
                         raise OutboxGapError(

@@ -279,6 +279,11 @@ class Reader:
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
         return await trio.to_thread.run_sync(self._call, fn, *args, limiter=self._limiter)
 
+    async def outbox_page(
+        self, after: int, conversation_id: str | None, kind: str | None, limit: int
+    ) -> tuple[int, int, list[StoredEvent]]:
+        return await self.run(outbox_page, after, conversation_id, kind, limit)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

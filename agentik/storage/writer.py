@@ -98,7 +98,10 @@ def open_connection(path: str, *, synchronous: str = "FULL", readonly: bool = Fa
 
 
 class Writer:
-    """Owns the single writer connection. Constructed in a worker thread; raises StorageError."""
+    """The SQLite :class:`~agentik.storage.engine.WriterEngine`: owns the single writer connection.
+    Constructed in a worker thread; raises StorageError."""
+
+    publishes_commits = True
 
     def __init__(
         self,

@@ -1,0 +1,67 @@
+"""The storage seam: what the StorageActor needs from a database engine, written once.
+
+Two engines implement it: SQLite (``writer.Writer`` + ``queries.Reader``, the embedded default,
+one node) and PostgreSQL (``pg_writer.PgWriter`` + ``pg_reader.PgReader`` + ``pg_feed``, several
+nodes on one database). The contract both keep (SPEC §4, §12):
+
+- one writer per node; ``commit_batch`` applies a batch of ops in ONE transaction and bumps the
+  one counter inside it, so offsets are dense and in commit order; an op refused on purpose
+  (AgentikError) is answered with its error and leaves no hole; any database failure fails the
+  whole batch (StorageError) and nothing of it is stored;
+- every seq has exactly one outbox row and trimming removes only a prefix, so the retained offsets
+  are one contiguous range and gap detection is arithmetic;
+- events reach the hub only after their commit, in offset order. SQLite: the writer's own batch
+  result is published (it is the only writer). PostgreSQL: a feed task reads the outbox after its
+  cursor and publishes every node's events, its own included (``publishes_commits`` False);
+- readers: ``run(fn, *args)`` runs a query function of ``agentik.storage.queries`` with a pooled
+  connection in a worker thread (the functions are written once, in SQL both engines accept);
+  ``outbox_page`` is the one read whose SQL differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from agentik.storage import ops
+    from agentik.storage.writer import BatchResult, StoredEvent
+
+R = TypeVar("R")
+
+
+def is_postgres_url(target: str) -> bool:
+    return target.startswith(("postgresql://", "postgres://"))
+
+
+class WriterEngine(Protocol):
+    """The node's single writer connection; every method is blocking (call it in a worker thread,
+    one call at a time)."""
+
+    epoch: str
+    #: the next offset this writer knows of (head + 1)
+    next_seq: int
+    #: the lowest retained offset (next_seq when the outbox is empty)
+    oldest: int
+    #: True: ``commit_batch``'s events are this node's to publish (SQLite). False: a feed
+    #: publishes every node's events (PostgreSQL) and ``BatchResult.events`` is empty.
+    publishes_commits: bool
+
+    def commit_batch(self, batch: list[ops.AnyOp]) -> BatchResult: ...
+
+    def close(self) -> None: ...
+
+
+class ReaderEngine(Protocol):
+    """Read connections used from worker threads."""
+
+    async def run(self, fn: Callable[..., R], *args: Any) -> R: ...
+
+    async def outbox_page(
+        self, after: int, conversation_id: str | None, kind: str | None, limit: int
+    ) -> tuple[int, int, list[StoredEvent]]:
+        """One consistent read: (oldest retained offset, head, events after ``after`` matching
+        the filter, at most ``limit``)."""
+        ...
+
+    def close(self) -> None: ...

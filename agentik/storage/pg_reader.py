@@ -1,0 +1,130 @@
+"""PostgreSQL read side: a psycopg_pool of autocommit connections used from worker threads.
+
+The query functions of ``agentik.storage.queries`` are written once, in SQL both engines accept
+with ``?`` placeholders; :class:`_Conn` hands them a connection that speaks psycopg's ``%s``. The
+outbox is the one read with its own SQL: PostgreSQL rows carry offset 0 in their payload (the
+writer learns the offset only inside its statement), so :func:`stamp` puts the row's offset into
+the cursor and the record before the event is handed out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+import psycopg
+import psycopg_pool
+import trio
+
+from agentik.errors import StorageError
+from agentik.storage.writer import StoredEvent
+from agentik.wire import CommonEvent, Created, Cursor, decode_common_event, encode
+
+R = TypeVar("R")
+
+
+class _Conn:
+    """What a query function of ``queries`` needs from a connection, on psycopg."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        return self._conn.execute(sql.replace("?", "%s"), args)
+
+
+def stamp(common: CommonEvent, offset: int) -> CommonEvent:
+    """The stored event with its offset in its cursor and in the record it carries (a record's
+    seq is always its own event's offset)."""
+    event: Any = common.event
+    record = getattr(event, "record", None)
+    if record is not None:
+        event = msgspec.structs.replace(event, record=msgspec.structs.replace(record, seq=offset))
+    elif isinstance(event, Created):
+        event = Created(conversation=msgspec.structs.replace(event.conversation, seq=offset))
+    assert common.cursor is not None
+    return CommonEvent(cursor=Cursor(epoch=common.cursor.epoch, offset=offset),
+                       conversation_id=common.conversation_id, event=event)
+
+
+def row_to_event(row: Sequence[Any]) -> StoredEvent:
+    """(offset, conversation_id, kind, payload) -> StoredEvent with its offset stamped in."""
+    common = stamp(decode_common_event(bytes(row[3])), int(row[0]))
+    return StoredEvent(int(row[0]), row[1], row[2], common, encode(common))
+
+
+_PAGE = """
+SELECT h.lo, h.head, o."offset", o.conversation_id, o.kind, o.payload
+FROM (SELECT (SELECT min("offset") FROM outbox) AS lo, (SELECT v FROM counter WHERE id = 1) AS head) h
+LEFT JOIN LATERAL (
+    SELECT "offset", conversation_id, kind, payload FROM outbox
+    WHERE "offset" > %(after)s {filters} ORDER BY "offset" LIMIT %(limit)s
+) o ON true
+"""
+
+
+def outbox_page(
+    conn: psycopg.Connection[Any], after: int, conversation_id: str | None, kind: str | None,
+    limit: int,
+) -> tuple[int, int, list[StoredEvent]]:
+    """One statement, so one snapshot: (oldest retained, head, rows after ``after``)."""
+    filters = ""
+    if conversation_id is not None:
+        filters += " AND conversation_id = %(cid)s"
+    if kind is not None:
+        filters += " AND kind = %(kind)s"
+    rows = conn.execute(
+        _PAGE.format(filters=filters),
+        {"after": after, "limit": limit, "cid": conversation_id, "kind": kind},
+    ).fetchall()
+    head = int(rows[0][1]) if rows else 0
+    lo = rows[0][0] if rows else None
+    oldest = int(lo) if lo is not None else head + 1
+    events = [row_to_event(r[2:]) for r in rows if r[2] is not None]
+    return oldest, head, events
+
+
+class PgReader:
+    """The PostgreSQL :class:`~agentik.storage.engine.ReaderEngine`."""
+
+    def __init__(self, url: str, max_connections: int = 4) -> None:
+        self._limiter = trio.CapacityLimiter(max_connections)
+        self.pool = psycopg_pool.ConnectionPool(
+            url, min_size=1, max_size=max_connections, kwargs={"autocommit": True}, open=False,
+            check=psycopg_pool.ConnectionPool.check_connection,
+        )
+
+    def open(self) -> None:
+        """Blocking: open the pool (worker thread). Raises StorageError."""
+        try:
+            self.pool.open(wait=True, timeout=10.0)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise StorageError(f"cannot open the read pool: {exc}") from exc
+
+    def _call(self, fn: Callable[..., R], *args: Any) -> R:
+        try:
+            with self.pool.connection(timeout=30.0) as conn:
+                return fn(_Conn(conn), *args)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise StorageError(f"read failed: {exc}") from exc
+
+    def _page(self, *args: Any) -> tuple[int, int, list[StoredEvent]]:
+        try:
+            with self.pool.connection(timeout=30.0) as conn:
+                return outbox_page(conn, *args)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise StorageError(f"read failed: {exc}") from exc
+
+    async def run(self, fn: Callable[..., R], *args: Any) -> R:
+        return await trio.to_thread.run_sync(self._call, fn, *args, limiter=self._limiter)
+
+    async def outbox_page(
+        self, after: int, conversation_id: str | None, kind: str | None, limit: int
+    ) -> tuple[int, int, list[StoredEvent]]:
+        return await trio.to_thread.run_sync(
+            self._page, after, conversation_id, kind, limit, limiter=self._limiter
+        )
+
+    def close(self) -> None:
+        self.pool.close()

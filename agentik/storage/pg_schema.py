@@ -1,0 +1,145 @@
+"""PostgreSQL schema (the SQLite tables of ``schema.py``, same names and columns) plus what a
+cluster needs, created in the connection's schema (``options=-csearch_path=…`` isolates a
+deployment or a test).
+
+- ``meta``: epoch (a random id made with the schema, the same for every node), schema_version.
+- ``counter``: ONE row; ``v`` is the head (the highest committed offset). Every commit bumps it in
+  the same statement that inserts its rows, so the next writer waits on the row lock until the
+  previous commit is visible: offsets are dense and in commit order across nodes (a SEQUENCE is
+  not: it hands out numbers before commit).
+- ``turn.seq``: the offset of the turn's user message (start-up recovery closes turns in order).
+- ``nodes`` / ``conv_owner``: the lease table of conversation ownership (one live actor per
+  conversation in the cluster), fenced: a write carries the fence it was granted.
+
+The DDL runs under a transaction-level advisory lock keyed by the schema name, so nodes starting
+together create it once.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import psycopg
+
+SCHEMA_VERSION = 2
+
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE counter (id INTEGER PRIMARY KEY CHECK (id = 1), v BIGINT NOT NULL);
+CREATE TABLE conversation (
+    id TEXT PRIMARY KEY,
+    title TEXT,
+    is_temporal BOOLEAN NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    seq BIGINT NOT NULL
+);
+CREATE INDEX conversation_by_update ON conversation (updated_at DESC, id);
+CREATE TABLE message (
+    seq BIGINT PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    conversation_id TEXT NOT NULL,
+    type TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    payload BYTEA NOT NULL
+);
+CREATE INDEX message_by_conversation ON message (conversation_id, seq);
+CREATE TABLE working_memory (
+    id BIGSERIAL PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    order_idx INTEGER NOT NULL,
+    source_message_id TEXT,
+    created_at DOUBLE PRECISION NOT NULL,
+    payload BYTEA NOT NULL
+);
+CREATE INDEX working_memory_by_conversation ON working_memory (conversation_id, order_idx);
+CREATE TABLE turn (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    seq BIGINT NOT NULL
+);
+CREATE INDEX turn_by_conversation ON turn (conversation_id);
+CREATE TABLE outbox (
+    "offset" BIGINT PRIMARY KEY,
+    conversation_id TEXT,
+    kind TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    payload BYTEA NOT NULL
+);
+CREATE INDEX outbox_by_conversation ON outbox (conversation_id, "offset");
+CREATE INDEX outbox_by_time ON outbox (created_at);
+CREATE TABLE nodes (
+    node_id TEXT PRIMARY KEY,
+    addr TEXT,
+    heartbeat_at TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE conv_owner (
+    conversation_id TEXT PRIMARY KEY,
+    node_id TEXT NOT NULL,
+    fence BIGINT NOT NULL
+);
+CREATE INDEX conv_owner_by_node ON conv_owner (node_id);
+"""
+
+_V2 = """
+CREATE TABLE a2a_task (
+    id TEXT PRIMARY KEY,
+    context_id TEXT NOT NULL,
+    conversation_id TEXT,
+    state TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    first_seq BIGINT NOT NULL,
+    seq BIGINT NOT NULL,
+    payload BYTEA NOT NULL
+);
+CREATE INDEX a2a_task_by_first_seq ON a2a_task (first_seq);
+CREATE INDEX a2a_task_by_context ON a2a_task (context_id, first_seq);
+CREATE INDEX a2a_task_by_state ON a2a_task (state);
+"""
+
+#: version -> script that brings a schema from version-1 to version
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
+
+
+def migrate(conn: psycopg.Connection[Any]) -> str:
+    """Create or upgrade the tables in the connection's schema, in one transaction; returns the
+    schema name. Raises psycopg.Error (or DatabaseError for a schema newer than this code)."""
+    with conn.transaction():
+        row = conn.execute("SELECT current_schema()").fetchone()
+        if row is None or row[0] is None:
+            raise psycopg.DatabaseError("the connection has no current schema (check search_path)")
+        schema = str(row[0])
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('agentik:' || current_schema()))")
+        has_meta = conn.execute(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() "
+            "AND table_name = 'meta'"
+        ).fetchone()
+        version = 0
+        if has_meta:
+            got = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            version = int(got[0]) if got else 0
+        if version > SCHEMA_VERSION:
+            raise psycopg.DatabaseError(
+                f"database schema version {version} is newer than this agentik ({SCHEMA_VERSION})"
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[target].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        if version == 0:
+            conn.execute("INSERT INTO meta VALUES ('epoch', %s)", (secrets.token_hex(8),))
+            conn.execute("INSERT INTO meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),))
+            conn.execute("INSERT INTO counter VALUES (1, 0)")
+        elif version < SCHEMA_VERSION:
+            conn.execute(
+                "UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+            )
+    return schema
+
+
+def channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of one schema (channels are per database, not per schema)."""
+    return f"agentik_{schema}"[:63]
