@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from agentik.actors.deps import Deps
 from agentik.actors.registry import Registry
-from agentik.errors import InvalidInputError, NotFoundError, RuntimeClosedError
+from agentik.cluster import forward
+from agentik.errors import InvalidInputError, NotFoundError, NotOwnerError, RuntimeClosedError
 from agentik.storage import ops
 from agentik.storage import queries as q
 from agentik.wire import (
@@ -179,8 +180,7 @@ class LocalConversation(ConversationView):
     ) -> str:
         """Queue a user message; returns its id once it is stored. The answer arrives as events.
         Raises MailboxFullError, NotFoundError, ConversationFailedError, StorageError."""
-        record = await self._agent._send(self.id, _content(content), context)
-        return record.id
+        return await self._agent._send(self.id, _content(content), context)
 
     async def interrupt(self) -> bool:
         """Cancel the running turn (Interrupted event). Returns whether a turn was running."""
@@ -277,30 +277,45 @@ class LocalAgent:
         in one transaction (ConversationClosing, Deleted). Returns False if it did not exist."""
         self._check_open()
         await self._registry.stop(conversation_id)
-        deleted: bool = await self._deps.storage.write(
-            ops.DeleteConversation(conversation_id=conversation_id)
-        )
+        try:
+            deleted: bool = await self._deps.storage.write(
+                ops.DeleteConversation(conversation_id=conversation_id)
+            )
+        except NotOwnerError as exc:  # a cluster: the owner stops its actor and deletes
+            return await forward(self.config, exc, lambda o: o.delete_conversation(conversation_id))
         return deleted
 
     async def rename_conversation(self, conversation_id: str, title: str | None) -> ConversationRecord:
         """Raises NotFoundError."""
         self._check_open()
-        record: ConversationRecord = await self._deps.storage.write(
-            ops.RenameConversation(conversation_id=conversation_id, title=title)
-        )
+        try:
+            record: ConversationRecord = await self._deps.storage.write(
+                ops.RenameConversation(conversation_id=conversation_id, title=title)
+            )
+        except NotOwnerError as exc:
+            return await forward(
+                self.config, exc, lambda o: o.rename_conversation(conversation_id, title))
         return record
 
     async def interrupt(self, conversation_id: str) -> bool:
         """Cancel the running turn (Interrupted event). Returns whether a turn was running.
         Raises NotFoundError."""
         self._check_open()
-        return await self._registry.interrupt(conversation_id)
+        try:
+            return await self._registry.interrupt(conversation_id)
+        except NotOwnerError as exc:
+            return await forward(self.config, exc, lambda o: o.interrupt(conversation_id))
 
     async def _send(
         self, conversation_id: str, content: list[Content], context: MessageContext | None
-    ) -> MessageRecord:
+    ) -> str:
+        """Queue the message on the conversation's actor; returns the stored message's id. In a
+        cluster, a conversation owned by another live node gets it through its owner."""
         self._check_open()
-        return await self._registry.submit(conversation_id, content, context)
+        try:
+            return (await self._registry.submit(conversation_id, content, context)).id
+        except NotOwnerError as exc:
+            return await forward(self.config, exc, lambda o: o.send(conversation_id, content, context))
 
     async def send(
         self,
@@ -308,7 +323,7 @@ class LocalAgent:
         content: Sequence[Content] | Content | str,
         context: MessageContext | None = None,
     ) -> str:
-        return (await self._send(conversation_id, _content(content), context)).id
+        return await self._send(conversation_id, _content(content), context)
 
     async def conversations_snapshot(self, offset: int = 0, limit: int = 100) -> ConversationsSnapshot:
         """The conversation list at a cursor: every change <= cursor is in it."""

@@ -74,6 +74,15 @@ class Config:
     #: the A2A agent card's name and description (SPEC §11)
     agent_name: str = "agentik"
     agent_description: str = "An agentik agent: conversations with an LLM and its MCP tools"
+    # --- scale-out on PostgreSQL (SPEC §12, docs/SCALEOUT.md) ---
+    #: libpq URL of a PostgreSQL database; when set it replaces the SQLite file (db_path)
+    database_url: str | None = None
+    #: this node's id in the cluster's lease table ("" = hostname-pid)
+    node_id: str = ""
+    #: seconds a node's conversation leases live without a heartbeat
+    lease_ttl: float = 10.0
+    #: this node's base URL as other nodes reach it (commands for its conversations are forwarded)
+    node_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -125,6 +134,10 @@ class Config:
         get("AGENTIK_KEEP_ALIVE_TIMEOUT", "keep_alive_timeout", _positive_float)
         get("AGENTIK_AGENT_NAME", "agent_name", _non_empty)
         get("AGENTIK_AGENT_DESCRIPTION", "agent_description", _non_empty)
+        get("AGENTIK_DATABASE_URL", "database_url", _postgres_url)
+        get("AGENTIK_NODE_ID", "node_id", str)
+        get("AGENTIK_LEASE_TTL", "lease_ttl", _positive_float)
+        get("AGENTIK_NODE_URL", "node_url", _url)
         return cls(**kw)
 
     def replace(self, **changes: Any) -> Config:
@@ -163,6 +176,12 @@ def _positive_float(raw: str) -> float:
     if not value > 0:
         raise ValueError("must be a positive number")
     return value
+
+
+def _postgres_url(raw: str) -> str:
+    if not raw.startswith(("postgresql://", "postgres://")):
+        raise ValueError("must start with postgresql:// (PostgreSQL is the only database URL)")
+    return raw
 
 
 def _url(raw: str) -> str:

@@ -30,7 +30,11 @@ in-process agent catches the same classes over HTTP::
      ├── MailboxFullError          429 mailbox_full  the conversation's mailbox is full (Retry-After)
      │     raised by: ConversationHandle.submit (send)
      ├── StorageError              503 storage     SQLite failed; a failed write was not stored
-     │     raised by: the storage actor and its reader (agentik.storage)
+     │   │ raised by: the storage actor and its reader (agentik.storage)
+     │   ├── NotOwnerError         503 not_owner   (PostgreSQL cluster) another live node owns the
+     │   │     raised by: the PostgreSQL writer, pg_lease   conversation; the Agent forwards to it
+     │   └── LeaseLostError        503 lease_lost  (PostgreSQL cluster) this node's fence is stale:
+     │         raised by: the PostgreSQL writer, pg_lease   write refused, the local actor stopped
      ├── RuntimeClosedError        503 closed      the runtime is starting, shutting down or closed
      │     raised by: the Agent API after close, the registry, the web app outside its lifespan,
      │                a closed client
@@ -126,6 +130,26 @@ class StorageError(AgentikError):
     """SQLite failed. For a write, nothing of that write was stored or acknowledged."""
 
     code = "storage"
+
+
+class NotOwnerError(StorageError):
+    """PostgreSQL cluster: another live node owns the conversation (its lease is current), so
+    this node may not run it or write to it. ``addr`` is the owner's base URL (None when it
+    advertises none); the Agent forwards the command there."""
+
+    code = "not_owner"
+
+    def __init__(self, message: str, *, node_id: str, addr: str | None) -> None:
+        super().__init__(message)
+        self.node_id = node_id
+        self.addr = addr
+
+
+class LeaseLostError(StorageError):
+    """PostgreSQL cluster: the write's fence is stale (another node claimed the conversation, e.g.
+    after this node froze past its lease): nothing was stored, and the local actor is stopped."""
+
+    code = "lease_lost"
 
 
 class ConflictError(AgentikError):

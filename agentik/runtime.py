@@ -69,7 +69,10 @@ async def open_runtime(
                 the_tools = tools if tools is not None else await _start_tools(config, root)
                 deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools)
                 async with trio.open_nursery() as actors:
-                    agent = LocalAgent(deps, Registry(deps, actors))
+                    registry = Registry(deps, actors)
+                    if storage.leases is not None:  # a cluster node stops actors it may not run
+                        storage.leases.on_stop = registry.stop
+                    agent = LocalAgent(deps, registry)
                     try:
                         yield agent
                     finally:
@@ -107,6 +110,10 @@ async def _run_storage(
     with scope:
         await run_storage(
             config.db_path,
+            database_url=config.database_url,
+            node_id=config.node_id,
+            lease_ttl=config.lease_ttl,
+            node_url=config.node_url,
             synchronous=config.sqlite_synchronous,
             outbox_cap=config.outbox_cap,
             outbox_ttl=config.outbox_ttl,

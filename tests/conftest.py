@@ -27,9 +27,15 @@ def db_path(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def config(scripted: ScriptedOpenAI, db_path: str) -> Config:
+def config(scripted: ScriptedOpenAI, db_path: str, request: pytest.FixtureRequest) -> Config:
+    """With AGENTIK_TEST_ENGINE=postgres every test using this config runs on PostgreSQL (a
+    schema per test), so the whole suite can be run on either engine."""
+    database_url = None
+    if os.environ.get("AGENTIK_TEST_ENGINE") == "postgres":
+        database_url = request.getfixturevalue("pg_url")
     return Config(
         db_path=db_path,
+        database_url=database_url,
         openai_base_url=scripted.base_url,
         openai_api_key="test-key",
         openai_model="scripted",

@@ -39,6 +39,9 @@ class Registry:
         self._loading: dict[str, trio.Event] = {}
 
     async def _start(self, conversation_id: str) -> ConversationHandle:
+        leases = self.deps.storage.leases
+        if leases is not None:  # a PostgreSQL cluster: own it first (NotOwnerError if not ours)
+            await leases.claim(conversation_id)
         send, recv = trio.open_memory_channel[MailboxMessage](self.deps.config.mailbox_size)
         handle = ConversationHandle(conversation_id, self.deps, self, send, recv)
         self.live[conversation_id] = handle
@@ -104,6 +107,8 @@ class Registry:
         handle = self.live.get(conversation_id)
         if handle is not None:
             return handle.interrupt()
+        if self.deps.storage.leases is not None:  # a cluster: its turn may run on its owner
+            await self.deps.storage.leases.check_remote(conversation_id)
         if await self.deps.storage.reader.run(get_conversation, conversation_id) is None:
             raise NotFoundError(f"conversation {conversation_id!r} not found")
         return False

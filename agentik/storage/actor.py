@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from agentik.errors import AgentikError, RuntimeClosedError, StorageError
+from agentik.errors import AgentikError, LeaseLostError, RuntimeClosedError, StorageError
 from agentik.storage import ops
 from agentik.storage.engine import ReaderEngine, WriterEngine
 from agentik.storage.hub import EventHub
@@ -57,6 +57,10 @@ class Storage:
         self.reader = reader
         self.hub = hub
         self.stats = StorageStats()
+        #: PostgreSQL: the node's feed (``pg_feed.Feed``) and leases (``pg_lease.Leases``); None
+        #: on SQLite
+        self.feed: Any = None
+        self.leases: Any = None
 
     @property
     def epoch(self) -> str:
@@ -84,6 +88,9 @@ async def run_storage(
     path: str,
     *,
     database_url: str | None = None,
+    node_id: str = "",
+    lease_ttl: float = 10.0,
+    node_url: str | None = None,
     synchronous: str = "FULL",
     outbox_cap: int = 100_000,
     outbox_ttl: float = 7 * 24 * 3600.0,
@@ -95,7 +102,9 @@ async def run_storage(
 ) -> None:
     """Run the StorageActor until cancelled. ``task_status.started`` gets the Storage handle once
     the database is open and migrated. Raises StorageError if the database cannot be opened.
-    ``database_url`` (``postgresql://…``) selects PostgreSQL instead of the SQLite file ``path``.
+    ``database_url`` (``postgresql://…``) selects PostgreSQL instead of the SQLite file ``path``;
+    the node then holds conversation leases as ``node_id`` (TTL ``lease_ttl``), advertising
+    ``node_url`` for commands forwarded to it.
     ``clock`` is the writer's clock: every stored time comes from it, once per batch."""
     writer: WriterEngine
     reader: ReaderEngine
@@ -117,6 +126,9 @@ async def run_storage(
             await trio.to_thread.run_sync(pg_writer.close)
             raise
         writer, reader = pg_writer, pg_reader
+        from agentik.storage.pg_lease import Leases
+
+        leases = pg_writer.leases = Leases(url, node_id=node_id, ttl=lease_ttl, addr=node_url)
     else:
         writer = await trio.to_thread.run_sync(
             lambda: Writer(path, synchronous=synchronous, outbox_cap=outbox_cap,
@@ -132,8 +144,11 @@ async def run_storage(
     try:
         async with trio.open_nursery() as nursery:
             if not writer.publishes_commits:
-                feed = Feed(url, pg_writer.channel, pg_reader, hub)
+                feed = storage.feed = Feed(url, pg_writer.channel, pg_reader, hub)
                 await nursery.start(feed.run)
+                storage.leases = leases
+                leases.write = storage.write
+                await nursery.start(leases.run)
             task_status.started(storage)
             async with recv:
                 while True:
@@ -183,6 +198,10 @@ async def _commit(
 
     def answer() -> None:
         for req, value in zip(batch, result.results, strict=True):
+            if isinstance(value, LeaseLostError) and storage.leases is not None:
+                cid = getattr(req.op, "conversation_id", None)
+                if isinstance(cid, str):
+                    storage.leases.fenced_out(cid)
             if isinstance(value, AgentikError):
                 req.error = value
             else:

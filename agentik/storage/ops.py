@@ -97,7 +97,13 @@ class Compact(Op, frozen=True, kw_only=True):
 
 
 class RecoverTurns(Op, frozen=True, kw_only=True):
-    """Start-up: close every turn left open by a dead process with an Error record."""
+    """Close open turns with an Error record: at start-up every turn left open by a dead process
+    (``conversation_id`` None); in a PostgreSQL cluster, the turns of one conversation claimed
+    from a dead node (error "interrupted: node lost")."""
+
+    conversation_id: str | None = None
+    message: str = "interrupted by restart"
+    code: str = "restart"
 
 
 class PurgeTemporary(Op, frozen=True, kw_only=True):

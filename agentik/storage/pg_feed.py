@@ -44,6 +44,8 @@ class Feed:
         self._wake = trio.Event()
         self._pending: list[tuple[int, Callable[[], None]]] = []
         self.stats = {"wakeups": 0, "notifies": 0, "reconnects": 0, "pages": 0, "gaps": 0}
+        #: the listener connection's server process id (None while disconnected)
+        self.listener_pid: int | None = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -117,6 +119,7 @@ class Feed:
             conn: psycopg.Connection[Any] | None = None
             try:
                 conn = await trio.to_thread.run_sync(self._connect)
+                self.listener_pid = conn.info.backend_pid
                 backoff = 0.1
                 self.wake()
                 if not started:
@@ -140,6 +143,7 @@ class Feed:
                     raise
                 log.warning("feed listener: %s; reconnecting in %.1f s", exc, backoff)
             finally:
+                self.listener_pid = None
                 if conn is not None:
                     conn.close()
             await trio.sleep(backoff)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
@@ -62,8 +63,26 @@ from agentik.wire import (
 log = logging.getLogger(__name__)
 
 _COMMIT = """
-WITH c AS (
-    UPDATE counter SET v = v + %(n)s WHERE id = 1 RETURNING v - %(n)s AS base
+WITH f AS (
+    SELECT x.conversation_id FROM conv_owner x
+    JOIN unnest(%(f_cid)s::text[], %(f_fence)s::bigint[]) AS r(cid, fence) ON x.conversation_id = r.cid
+    WHERE x.node_id = %(me)s AND x.fence = r.fence
+    FOR SHARE OF x
+), g AS (
+    SELECT x.conversation_id FROM conv_owner x JOIN nodes y ON y.node_id = x.node_id
+    WHERE x.conversation_id = ANY(%(u_cid)s::text[]) AND x.node_id <> %(me)s
+      AND y.heartbeat_at > now() - make_interval(secs => %(ttl)s)
+    FOR SHARE OF x
+), c AS (
+    UPDATE counter SET v = v + %(n)s
+    WHERE id = 1 AND (SELECT count(*) FROM f) = %(f_n)s AND NOT EXISTS (SELECT 1 FROM g)
+    RETURNING v - %(n)s AS base
+), oi AS (
+    INSERT INTO conv_owner (conversation_id, node_id, fence)
+    SELECT r.id, %(me)s, 1 FROM c, unnest(%(new)s::text[]) AS r(id)
+    ON CONFLICT (conversation_id) DO NOTHING
+), od AS (
+    DELETE FROM conv_owner USING c WHERE conv_owner.conversation_id = ANY(%(del)s::text[])
 ), o AS (
     INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload)
     SELECT c.base + r.rel, r.cid, r.kind, %(now)s, r.payload FROM c,
@@ -181,9 +200,14 @@ class _Plan:
     task_rows: list[tuple[str, str, str | None, str, int, bytes]] = field(default_factory=list)
     #: pre-read for ops that need more than the conversation rows
     compact_first: dict[str, int | None] = field(default_factory=dict)
-    open_turns: list[tuple[str, str]] = field(default_factory=list)
-    orphan_turns: list[str] = field(default_factory=list)
-    temporary: list[str] = field(default_factory=list)
+    #: RecoverTurns' open turns by its conversation filter: (turn id, conversation id), orphans
+    open_turns: dict[str | None, tuple[list[tuple[str, str]], list[str]]] = field(
+        default_factory=dict)
+    temporary: list[str] | None = None
+    #: conversations created by this batch (their owner row is this node's, fence 1)
+    created: list[str] = field(default_factory=list)
+    #: ops refused before planning (lease checks): index -> error
+    refused: dict[int, AgentikError] = field(default_factory=dict)
 
     # --- building blocks -------------------------------------------------------------------------
 
@@ -262,6 +286,7 @@ def _create(p: _Plan, op: ops.CreateConversation) -> _Result:
     p.conv[conv.id] = conv
     p.remember(conv.id, SystemItem(text=op.system_prompt), None)
     p.emit(rel, conv.id, Created(conversation=conv.record(-rel)), "agent")
+    p.created.append(conv.id)
     return lambda base: conv.record(base)
 
 
@@ -364,24 +389,27 @@ def _compact(p: _Plan, op: ops.Compact) -> _Result:
 
 
 def _recover_turns(p: _Plan, op: ops.RecoverTurns) -> _Result:
-    import uuid
-
-    for turn_id, cid in p.open_turns:
+    open_turns, orphans = p.open_turns.pop(op.conversation_id, ([], []))
+    closed = 0
+    for turn_id, cid in open_turns:
         if p.conv.get(cid) is None:
             continue
-        error = Error(message="interrupted by restart", code="restart", turn_id=turn_id)
+        error = Error(message=op.message, code=op.code, turn_id=turn_id)
         rel, record = p.journal(p.require(cid), uuid.uuid4().hex, error)
         p.emit(rel, cid, ErrorEvent(record=record), "conversation")
         p.touch(cid)
         p.turns_deleted.append(turn_id)
-    p.turns_deleted.extend(p.orphan_turns)
-    return _const(len(p.open_turns))
+        closed += 1
+    p.turns_deleted.extend(orphans)
+    return _const(closed)
 
 
 def _purge_temporary(p: _Plan, op: ops.PurgeTemporary) -> _Result:
-    for cid in p.temporary:
-        p.delete(cid, "temporary conversation ended by restart")
-    return _const(len(p.temporary))
+    ids, p.temporary = p.temporary or [], []
+    for cid in ids:
+        if p.conv.get(cid) is not None:
+            p.delete(cid, "temporary conversation ended by restart")
+    return _const(len(ids))
 
 
 def _put_a2a_task(p: _Plan, op: ops.PutA2ATask) -> _Result:
@@ -428,9 +456,21 @@ def _plan_op(p: _Plan, op: ops.AnyOp) -> _Result:
             assert_never(op)
 
 
+_LIVE_OTHER_OWNER = (
+    "EXISTS (SELECT 1 FROM conv_owner x JOIN nodes y ON y.node_id = x.node_id "
+    "WHERE x.conversation_id = c.id AND x.node_id <> %(me)s "
+    "AND y.heartbeat_at > now() - make_interval(secs => %(ttl)s))"
+)
+
+
 class PgWriter:
     """The PostgreSQL :class:`~agentik.storage.engine.WriterEngine`. Constructed in a worker
-    thread; raises StorageError."""
+    thread; raises StorageError.
+
+    With ``leases`` set (a cluster node), every batch is checked inside its statement: a
+    conversation this node holds must still carry this node's fence (else LeaseLostError), and a
+    conversation it does not hold must not be owned by another live node (else NotOwnerError);
+    a batch failing a check stores nothing, and is planned again without the refused ops."""
 
     publishes_commits = False
 
@@ -442,6 +482,8 @@ class PgWriter:
         self.clock = clock
         self.outbox_cap = outbox_cap
         self.outbox_ttl = outbox_ttl
+        #: the node's leases (``pg_lease.Leases``); None: no ownership checks (one node)
+        self.leases: Any = None
         try:
             self.conn = self._connect()
             self.schema = migrate(self.conn)
@@ -460,6 +502,12 @@ class PgWriter:
     def _connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(self.url, autocommit=True)
 
+    @property
+    def _me(self) -> tuple[str, float]:
+        if self.leases is None:
+            return "", 0.0
+        return str(self.leases.node_id), float(self.leases.ttl)
+
     def close(self) -> None:
         try:
             self.conn.close()
@@ -469,18 +517,30 @@ class PgWriter:
     def commit_batch(self, batch: list[ops.AnyOp]) -> BatchResult:
         """Plan ``batch`` and commit it in one statement. Raises StorageError if nothing was
         committed (the connection is then re-opened for the next batch)."""
+        refused: dict[int, AgentikError] = {}
         try:
             if self.conn.closed or self.conn.broken:
                 self.conn = self._connect()
-            plan = _Plan(epoch=self.epoch, now=self.clock())
-            self._load(plan, batch)
-            results: list[Any] = []
-            for op in batch:
-                try:
-                    results.append(_plan_op(plan, op))
-                except AgentikError as exc:
-                    results.append(exc)
-            base = self._execute(plan)
+            for _ in range(3):
+                plan = _Plan(epoch=self.epoch, now=self.clock())
+                live = [op for i, op in enumerate(batch) if i not in refused]
+                self._load(plan, live)
+                results: list[Any] = []
+                for i, op in enumerate(batch):
+                    if i in refused:
+                        results.append(refused[i])
+                        continue
+                    try:
+                        results.append(_plan_op(plan, op))
+                    except AgentikError as exc:
+                        results.append(exc)
+                base = self._execute(plan)
+                if base is not None:
+                    break
+                refused.update(self._ownership_refusals(batch, refused))
+            else:
+                raise StorageError("write failed, nothing stored: conversation ownership kept "
+                                   "changing under the batch")
         except psycopg.Error as exc:
             raise StorageError(f"write failed, nothing stored: {exc}") from exc
         self.next_seq = base + plan.n + 1
@@ -492,21 +552,29 @@ class PgWriter:
     def _load(self, p: _Plan, batch: list[ops.AnyOp]) -> None:
         """The one read a batch's plan starts from (more only for start-up and A2A ops)."""
         conn = self.conn
+        me, ttl = self._me
         cids: set[str] = set()
         tasks: list[str] = []
         compacts: list[str] = []
         for op in batch:
-            if isinstance(op, ops.RecoverTurns) and not p.open_turns:
+            if isinstance(op, ops.RecoverTurns) and op.conversation_id not in p.open_turns:
+                sql = ("SELECT t.id, t.conversation_id, c.id IS NOT NULL FROM turn t "
+                       "LEFT JOIN conversation c ON c.id = t.conversation_id ")
+                if op.conversation_id is not None:
+                    sql += "WHERE t.conversation_id = %(cid)s "
+                else:  # a cluster's start-up leaves the turns of live nodes alone
+                    sql += f"WHERE NOT (c.id IS NOT NULL AND {_LIVE_OTHER_OWNER}) "
                 rows = conn.execute(
-                    "SELECT t.id, t.conversation_id, c.id IS NOT NULL FROM turn t "
-                    "LEFT JOIN conversation c ON c.id = t.conversation_id ORDER BY t.seq"
+                    sql + "ORDER BY t.seq",
+                    {"cid": op.conversation_id, "me": me, "ttl": ttl},
                 ).fetchall()
-                p.open_turns = [(r[0], r[1]) for r in rows if r[2]]
-                p.orphan_turns = [r[0] for r in rows if not r[2]]
-                cids.update(cid for _, cid in p.open_turns)
-            elif isinstance(op, ops.PurgeTemporary) and not p.temporary:
+                p.open_turns[op.conversation_id] = (
+                    [(r[0], r[1]) for r in rows if r[2]], [r[0] for r in rows if not r[2]])
+                cids.update(r[1] for r in rows if r[2])
+            elif isinstance(op, ops.PurgeTemporary) and p.temporary is None:
                 p.temporary = [r[0] for r in conn.execute(
-                    "SELECT id FROM conversation WHERE is_temporal ORDER BY seq")]
+                    "SELECT id FROM conversation c WHERE is_temporal "
+                    f"AND NOT {_LIVE_OTHER_OWNER} ORDER BY seq", {"me": me, "ttl": ttl})]
                 cids.update(p.temporary)
             elif isinstance(op, ops.PutA2ATask):
                 tasks.append(op.task_id)
@@ -530,12 +598,72 @@ class PgWriter:
             ).fetchone()
             p.compact_first[cid] = row[0] if row else None
 
-    def _execute(self, p: _Plan) -> int:
+    def _ownership(self, p: _Plan) -> dict[str, Any]:
+        """The statement's lease checks: the fences this node holds for the batch's
+        conversations, and the conversations it holds none for."""
+        if self.leases is None:
+            return {"f_cid": [], "f_fence": [], "f_n": 0, "u_cid": []}
+        fenced: list[str] = []
+        fences: list[int] = []
+        unfenced: list[str] = []
+        created = set(p.created)
+        for cid in p.conv:
+            if cid in created:
+                continue
+            fence = self.leases.fences.get(cid)
+            if fence is None:
+                unfenced.append(cid)
+            else:
+                fenced.append(cid)
+                fences.append(fence)
+        return {"f_cid": fenced, "f_fence": fences, "f_n": len(fenced), "u_cid": unfenced}
+
+    def _ownership_refusals(
+        self, batch: list[ops.AnyOp], refused: dict[int, AgentikError]
+    ) -> dict[int, AgentikError]:
+        """After a batch failed its lease checks: which ops to refuse, and why."""
+        from agentik.errors import LeaseLostError, NotOwnerError
+
+        me, ttl = self._me
+        cids = sorted({cid for op in batch
+                       if isinstance(cid := getattr(op, "conversation_id", None), str)})
+        rows = self.conn.execute(
+            "SELECT x.conversation_id, x.node_id, x.fence, y.addr, "
+            "COALESCE(y.heartbeat_at > now() - make_interval(secs => %s), false) "
+            "FROM conv_owner x LEFT JOIN nodes y ON y.node_id = x.node_id "
+            "WHERE x.conversation_id = ANY(%s::text[])", (ttl, cids),
+        ).fetchall()
+        owners = {r[0]: r for r in rows}
+        out: dict[int, AgentikError] = {}
+        for i, op in enumerate(batch):
+            cid = getattr(op, "conversation_id", None)
+            if i in refused or not isinstance(cid, str) or isinstance(op, ops.CreateConversation):
+                continue
+            row = owners.get(cid)
+            fence = self.leases.fences.get(cid) if self.leases is not None else None
+            if fence is not None:
+                if row is None or row[1] != me or row[2] != fence:
+                    out[i] = LeaseLostError(f"this node's lease on conversation {cid!r} was taken")
+            elif row is not None and row[1] != me and row[4]:
+                out[i] = NotOwnerError(f"conversation {cid!r} is owned by node {row[1]!r}",
+                                       node_id=row[1], addr=row[3])
+        if not out:  # e.g. a start-up op over many conversations met a fresh owner: retry whole
+            out = {i: NotOwnerError("a conversation of this op is owned by another node",
+                                    node_id="", addr=None)
+                   for i, op in enumerate(batch)
+                   if i not in refused and isinstance(op, ops.RecoverTurns | ops.PurgeTemporary)}
+        return out
+
+    def _execute(self, p: _Plan) -> int | None:
+        """Run the one statement; the head before this batch, or None when a lease check
+        failed (then nothing was stored)."""
+        me, ttl = self._me
         dirty = [c for c in p.conv.values() if c is not None and c.rel is not None]
         turns = list(p.turns.items())
         args: dict[str, Any] = {
             "n": p.n, "now": p.now, "chan": self.channel, "cap": self.outbox_cap,
-            "cutoff": p.now - self.outbox_ttl,
+            "cutoff": p.now - self.outbox_ttl, "me": me, "ttl": ttl, "new": p.created,
+            **self._ownership(p),
             "o_rel": [o[0] for o in p.outbox], "o_cid": [o[1] for o in p.outbox],
             "o_kind": [o[2] for o in p.outbox], "o_payload": [o[3] for o in p.outbox],
             "m_rel": [m[0] for m in p.messages], "m_id": [m[1] for m in p.messages],
@@ -556,9 +684,7 @@ class PgWriter:
             "a_rel": [a[4] for a in p.task_rows], "a_payload": [a[5] for a in p.task_rows],
         }
         row = self.conn.execute(_COMMIT, args).fetchone()
-        if row is None:
-            raise psycopg.DatabaseError("the counter row is missing")
-        return int(row[0])  # the head before this batch
+        return None if row is None else int(row[0])
 
 
 def _safe(url: str) -> str:

@@ -447,17 +447,22 @@ def _compact(conn: sqlite3.Connection, tx: _Tx, op: ops.Compact) -> None:
 
 
 def _recover_turns(conn: sqlite3.Connection, tx: _Tx, op: ops.RecoverTurns) -> int:
-    rows = conn.execute(
-        "SELECT t.id, t.conversation_id FROM turn t JOIN conversation c "
-        "ON c.id = t.conversation_id ORDER BY t.rowid"
-    ).fetchall()
+    sql = "SELECT t.id, t.conversation_id FROM turn t JOIN conversation c ON c.id = t.conversation_id"
+    args: tuple[str, ...] = ()
+    if op.conversation_id is not None:
+        sql += " WHERE t.conversation_id = ?"
+        args = (op.conversation_id,)
+    rows = conn.execute(sql + " ORDER BY t.rowid", args).fetchall()
     for turn_id, conversation_id in rows:
-        error = Error(message="interrupted by restart", code="restart", turn_id=turn_id)
+        error = Error(message=op.message, code=op.code, turn_id=turn_id)
         record = _journal(conn, tx, conversation_id, uuid.uuid4().hex, error)
         _emit(conn, tx, record.seq, conversation_id, ErrorEvent(record=record),
               kind="conversation")
         _touch(conn, tx, conversation_id)
-    conn.execute("DELETE FROM turn")
+    if op.conversation_id is None:
+        conn.execute("DELETE FROM turn")
+    else:
+        conn.execute("DELETE FROM turn WHERE conversation_id = ?", (op.conversation_id,))
     return len(rows)
 
 

@@ -1,0 +1,226 @@
+"""Conversation ownership in a PostgreSQL cluster: one live actor per conversation, by leases with
+fencing (SCALEOUT.md, "Conversation ownership").
+
+- ``nodes(node_id, addr, heartbeat_at)``: each node heartbeats every TTL/5 by the database's clock.
+  A node is live while its heartbeat is younger than the TTL.
+- ``conv_owner(conversation_id, node_id, fence)``: a conversation's owner. A node claims it
+  before it starts its actor (create, cold load); the claim succeeds when there is no owner, the
+  owner is this node, or the owner is not live, and a takeover bumps the fence. The writer checks
+  the fence inside each commit statement (``pg_writer``): a zombie's write is refused.
+- A node that could not heartbeat for 0.6 TTL stops its own actors (their turns end with their
+  terminal record while its fence is still good) before any other node can take its leases: the
+  fence guards database writes, not model or tool side effects.
+- A sweeper on every node claims the conversations of dead nodes that have open turns and stores
+  their terminal record (``Error("interrupted: node lost")``); tool calls are never re-run. It
+  deletes their temporary conversations, which die with their node as they die with a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+import trio
+
+from agentik.errors import LeaseLostError, NotOwnerError, StorageError
+from agentik.storage import ops
+
+log = logging.getLogger(__name__)
+
+#: fraction of the TTL a node may go without a heartbeat before it stops its own actors
+STOP_AFTER = 0.6
+NODE_LOST = "interrupted: node lost"
+
+_CLAIM = """
+WITH prev AS (SELECT node_id FROM conv_owner WHERE conversation_id = %(cid)s)
+INSERT INTO conv_owner AS x (conversation_id, node_id, fence) VALUES (%(cid)s, %(me)s, 1)
+ON CONFLICT (conversation_id) DO UPDATE SET node_id = EXCLUDED.node_id, fence = x.fence + 1
+WHERE x.node_id <> %(me)s AND NOT EXISTS (
+    SELECT 1 FROM nodes y WHERE y.node_id = x.node_id
+    AND y.heartbeat_at > now() - make_interval(secs => %(ttl)s))
+RETURNING fence, (SELECT node_id FROM prev)
+"""
+
+_OWNER = """
+SELECT x.node_id, x.fence, y.addr,
+       COALESCE(y.heartbeat_at > now() - make_interval(secs => %(ttl)s), false)
+FROM conv_owner x LEFT JOIN nodes y ON y.node_id = x.node_id WHERE x.conversation_id = %(cid)s
+"""
+
+_ORPHANS = """
+SELECT x.conversation_id, c.is_temporal FROM conv_owner x JOIN conversation c ON c.id = x.conversation_id
+WHERE x.node_id <> %(me)s
+  AND NOT EXISTS (SELECT 1 FROM nodes y WHERE y.node_id = x.node_id
+                  AND y.heartbeat_at > now() - make_interval(secs => %(ttl)s))
+  AND (c.is_temporal OR EXISTS (SELECT 1 FROM turn t WHERE t.conversation_id = x.conversation_id))
+LIMIT 50
+"""
+
+
+def default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Leases:
+    """This node's leases. ``fences`` (conversation id -> fence) is read by the writer thread."""
+
+    def __init__(self, url: str, *, node_id: str, ttl: float, addr: str | None) -> None:
+        self.url = url
+        self.node_id = node_id or default_node_id()
+        self.ttl = ttl
+        self.addr = addr
+        self.fences: dict[str, int] = {}
+        self.healthy = False
+        #: set by the runtime: stop the local actor of a conversation (its turn ends stored)
+        self.on_stop: Callable[[str], Awaitable[None]] | None = None
+        #: set by run_storage: commit an op through the node's StorageActor
+        self.write: Callable[[ops.AnyOp], Awaitable[Any]] | None = None
+        self.stats = {"heartbeats": 0, "missed": 0, "claims": 0, "takeovers": 0, "stops": 0}
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = trio.Lock()
+        self._last_ok = -math.inf
+        self._nursery: trio.Nursery | None = None
+
+    # --- database calls (one connection, one call at a time, bounded by the TTL) ---------------
+
+    def _sync(self, sql: str, args: dict[str, Any], conn_box: list[Any]) -> list[tuple[Any, ...]]:
+        conn = conn_box[0]
+        if conn is None or conn.closed or conn.broken:
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.ttl)))
+            conn_box[0] = conn
+        cur = conn.execute(sql, args)
+        return cur.fetchall() if cur.description is not None else []
+
+    async def _db(self, sql: str, **args: Any) -> list[tuple[Any, ...]]:
+        """Run ``sql``; StorageError when it fails or takes longer than TTL/3 (the connection is
+        then dropped: the abandoned thread may still hold it)."""
+        args.setdefault("me", self.node_id)
+        args.setdefault("ttl", self.ttl)
+        async with self._lock:
+            box: list[Any] = [self._conn]
+            with trio.move_on_after(self.ttl / 3) as scope:
+                try:
+                    rows = await trio.to_thread.run_sync(
+                        self._sync, sql, args, box, abandon_on_cancel=True)
+                except psycopg.Error as exc:
+                    self._conn = None
+                    raise StorageError(f"lease query failed: {exc}") from exc
+            if scope.cancelled_caught:
+                self._conn = None
+                raise StorageError("lease query timed out")
+            self._conn = box[0]
+            return rows
+
+    # --- the node ------------------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        await self._db(
+            "INSERT INTO nodes (node_id, addr, heartbeat_at) VALUES (%(me)s, %(addr)s, now()) "
+            "ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), addr = EXCLUDED.addr",
+            addr=self.addr,
+        )
+        self._last_ok = trio.current_time()
+        self.healthy = True
+        self.stats["heartbeats"] += 1
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Heartbeat, self-stop and sweep until cancelled. Raises StorageError if the first
+        heartbeat fails (start-up)."""
+        await self._heartbeat()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                while True:
+                    await trio.sleep(self.ttl / 5)
+                    await self._round()
+        finally:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    async def _round(self) -> None:
+        try:
+            await self._heartbeat()
+        except StorageError as exc:
+            self.stats["missed"] += 1
+            log.warning("node %s: heartbeat failed: %s", self.node_id, exc)
+        if trio.current_time() - self._last_ok > STOP_AFTER * self.ttl:
+            await self._stop_all()
+            return
+        try:
+            await self._sweep()
+        except StorageError as exc:
+            log.warning("node %s: sweep failed: %s", self.node_id, exc)
+
+    async def _stop_all(self) -> None:
+        """Stop every local actor before another node can take this node's leases."""
+        if self.healthy:
+            log.error("node %s: no heartbeat for %.1f s (TTL %.1f s): stopping its actors",
+                      self.node_id, trio.current_time() - self._last_ok, self.ttl)
+        self.healthy = False
+        for cid in list(self.fences):
+            self.stats["stops"] += 1
+            if self.on_stop is not None:
+                await self.on_stop(cid)
+            self.fences.pop(cid, None)
+
+    def fenced_out(self, conversation_id: str) -> None:
+        """The writer refused a write of ours by its fence: stop that actor (not waiting)."""
+        self.fences.pop(conversation_id, None)
+        if self.on_stop is not None and self._nursery is not None:
+            self.stats["stops"] += 1
+            self._nursery.start_soon(self.on_stop, conversation_id)
+
+    # --- conversations -------------------------------------------------------------------------
+
+    async def claim(self, conversation_id: str) -> int:
+        """Own the conversation (before its actor starts); returns the fence. A takeover from a
+        dead node first stores the terminal record of its open turns. Raises NotOwnerError
+        when another live node owns it, LeaseLostError when this node cannot hold leases now."""
+        if not self.healthy:
+            raise LeaseLostError(f"node {self.node_id} cannot heartbeat: it holds no leases now")
+        self.stats["claims"] += 1
+        rows = await self._db(_CLAIM, cid=conversation_id)
+        if rows:
+            fence, previous = int(rows[0][0]), rows[0][1]
+            self.fences[conversation_id] = fence
+            if previous is not None and previous != self.node_id:
+                self.stats["takeovers"] += 1
+                log.info("node %s took conversation %s over from %s (fence %d)",
+                         self.node_id, conversation_id, previous, fence)
+                if self.write is not None:
+                    await self.write(ops.RecoverTurns(conversation_id=conversation_id,
+                                                      message=NODE_LOST, code="node_lost"))
+            return fence
+        owner = await self._db(_OWNER, cid=conversation_id)
+        if owner and owner[0][0] == self.node_id:
+            self.fences[conversation_id] = int(owner[0][1])
+            return int(owner[0][1])
+        node_id, addr = (owner[0][0], owner[0][2]) if owner else ("", None)
+        raise NotOwnerError(f"conversation {conversation_id!r} is owned by node {node_id!r}",
+                            node_id=node_id, addr=addr)
+
+    async def check_remote(self, conversation_id: str) -> None:
+        """Raise NotOwnerError when another live node owns the conversation."""
+        if conversation_id in self.fences:
+            return
+        owner = await self._db(_OWNER, cid=conversation_id)
+        if owner and owner[0][0] != self.node_id and owner[0][3]:
+            raise NotOwnerError(f"conversation {conversation_id!r} is owned by node {owner[0][0]!r}",
+                                node_id=owner[0][0], addr=owner[0][2])
+
+    async def _sweep(self) -> None:
+        for cid, temporal in await self._db(_ORPHANS):
+            try:
+                await self.claim(cid)
+                if temporal and self.write is not None:
+                    await self.write(ops.DeleteConversation(conversation_id=cid))
+                    self.fences.pop(cid, None)
+            except (NotOwnerError, LeaseLostError):
+                continue  # another node was quicker

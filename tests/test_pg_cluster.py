@@ -1,0 +1,244 @@
+"""Several StorageActors ("nodes", each with its own connections, feed and hub) on one real
+PostgreSQL schema: one counter for the cluster, every node sees every event once and in order,
+NOTIFY is only a hint (a lost listener or notification costs at most the timer), a cursor from
+one node resumes on another."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import psycopg
+import pytest
+import trio
+import trio.testing
+
+from agentik.config import Config
+from agentik.errors import ConfigError, LeaseLostError, NotFoundError, NotOwnerError
+from agentik.storage import ops
+from agentik.storage import queries as q
+from agentik.storage.actor import Storage, run_storage
+from agentik.storage.writer import StoredEvent
+from agentik.wire import Cursor, Text, UserMessage, event_type
+from tests.conftest import PG_BASE_URL
+
+_nodes = iter(range(1_000_000))
+
+
+@asynccontextmanager
+async def node(url: str, **kw: object) -> AsyncIterator[Storage]:
+    """A node: its own StorageActor, connections, feed, leases and hub."""
+    kw.setdefault("node_id", f"node-{next(_nodes)}")
+    async with trio.open_nursery() as nursery:
+        storage: Storage = await nursery.start(
+            partial(run_storage, "unused.db", database_url=url, **kw)  # type: ignore[arg-type]
+        )
+        yield storage
+        nursery.cancel_scope.cancel()
+
+
+def send(cid: str, mid: str) -> ops.AppendUserMessage:
+    return ops.AppendUserMessage(conversation_id=cid, message_id=mid,
+                                 message=UserMessage(content=[Text(body=mid)]))
+
+
+async def create(st: Storage, cid: str) -> None:
+    await st.write(ops.CreateConversation(conversation_id=cid, title=None, is_temporal=False,
+                                          system_prompt="s"))
+
+
+async def read_offsets(st: Storage, after: int, n: int) -> list[int]:
+    out: list[int] = []
+    with trio.fail_after(20):
+        async for batch in st.hub.stream(Cursor(epoch=st.epoch, offset=after)):
+            out.extend(ev.offset for ev in batch)
+            if len(out) >= n:
+                return out
+    return out
+
+
+async def test_two_nodes_one_counter_every_event_on_every_node_in_order(pg_url: str) -> None:
+    async with node(pg_url) as a, node(pg_url) as b:
+        assert a.epoch == b.epoch  # one epoch for the cluster
+        for st, cid in [(a, "a1"), (b, "b1"), (a, "a2"), (b, "b2")]:
+            await create(st, cid)  # each node writes to the conversations it owns
+        per_writer = 150
+        total = 4 + 4 * per_writer
+        seen: dict[str, list[int]] = {}
+
+        async def reader(name: str, st: Storage) -> None:
+            seen[name] = await read_offsets(st, 0, total)
+
+        async def writer(st: Storage, w: int) -> None:
+            prefix = "a" if st is a else "b"
+            for i in range(per_writer):
+                await st.write(send(f"{prefix}{1 + i % 2}", f"w{w}-{i}"))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(reader, "a", a)
+            n.start_soon(reader, "b", b)
+            for w in range(4):
+                n.start_soon(writer, a if w % 2 else b, w)
+        assert seen["a"] == seen["b"] == list(range(1, total + 1))
+        # the state rows carry the same offsets as the events, whichever node wrote them
+        journal = await a.reader.run(q.journal, None, 0, None, 10_000)
+        assert len(journal) == 4 * per_writer
+        outbox = await a.reader.outbox_page(0, None, "conversation", 10_000)
+        assert sorted(r.seq for r in journal) == [ev.offset for ev in outbox[2]]
+        # every event was published on each node by its feed, its own commits included
+        assert a.hub.current_cursor() == b.hub.current_cursor() == Cursor(epoch=a.epoch, offset=total)
+
+
+async def test_leases_route_refuse_and_fence(pg_url: str) -> None:
+    async with node(pg_url, node_url="http://a.example") as a, node(pg_url) as b:
+        assert a.leases is not None and b.leases is not None
+        await create(a, "c1")  # the creating node owns it (fence 1)
+        assert await a.leases.claim("c1") == 1
+        with pytest.raises(NotOwnerError) as info:
+            await b.write(send("c1", "m1"))  # not b's: refused in the commit statement
+        assert (info.value.node_id, info.value.addr) == (a.leases.node_id, "http://a.example")
+        with pytest.raises(NotOwnerError):
+            await b.leases.claim("c1")  # a is live
+        # a stale fence (another node claimed c1 while a was frozen, say) refuses a's write,
+        # stores nothing of it, and drops a's lease
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE conv_owner SET node_id = %s, fence = fence + 1", (b.leases.node_id,))
+        head = a.hub.current_cursor().offset
+        with pytest.raises(LeaseLostError):
+            await a.write(send("c1", "late"))
+        assert "c1" not in a.leases.fences
+        assert await a.reader.run(q.journal_count, "c1", 0) == 0
+        assert (await a.reader.outbox_page(0, None, None, 100))[1] == head  # no offset taken
+        await b.write(send("c1", "m2"))  # b's lease is good now (unfenced but its own)
+
+
+async def test_dead_node_conversation_is_claimed_and_its_turn_closed(pg_url: str) -> None:
+    async with node(pg_url, lease_ttl=1.0) as b:
+        async with node(pg_url, lease_ttl=1.0) as a:
+            await create(a, "c1")
+            await a.leases.claim("c1")
+            await a.write(send("c1", "question"))  # an open turn
+        # a is gone (no heartbeat any more): within the TTL b's sweeper claims c1 and stores the
+        # turn's terminal record
+        got: list[str] = []
+        with trio.fail_after(5):
+            async for ev in b.hub.events(Cursor(epoch=b.epoch, offset=2)):
+                got.append(event_type(ev.event))
+                if got[-1] == "error":
+                    record = ev.event.record  # type: ignore[union-attr]
+                    assert record.message.message == "interrupted: node lost"
+                    break
+        assert got[0] == "error" and b.leases.fences.get("c1") == 2
+        assert b.leases.stats["takeovers"] == 1
+        await b.write(send("c1", "next"))  # and b serves it now
+
+
+async def test_acknowledged_write_is_in_the_local_hub(pg_url: str) -> None:
+    """As with SQLite: once ``write`` returns, the node's hub has published the event."""
+    async with node(pg_url) as a:
+        await create(a, "c1")
+        record = await a.write(send("c1", "m1"))
+        assert a.hub.current_cursor().offset == record.seq == 2
+
+
+async def test_lost_listener_and_lost_notifications_cost_at_most_the_timer(pg_url: str) -> None:
+    async with node(pg_url) as a, node(pg_url) as b:
+        await create(a, "c1")
+        assert b.feed is not None
+        got: list[int] = []
+
+        async def reader() -> None:
+            got.extend(await read_offsets(b, 0, 301))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(reader)
+            for i in range(300):
+                await a.write(send("c1", f"m{i}"))
+                if i == 100:
+                    # kill b's listener backend: notifications sent while it reconnects are lost
+                    pid = b.feed.listener_pid
+                    assert pid is not None
+                    with psycopg.connect(PG_BASE_URL, autocommit=True) as admin:
+                        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        assert got == list(range(1, 302))
+        assert b.feed.stats["reconnects"] >= 1
+
+
+async def test_timer_delivers_without_any_notification(pg_url: str) -> None:
+    """A commit made with no NOTIFY at all (as if the hint were lost) reaches the other node's
+    hub through its feed, by the 1 s timer."""
+    async with node(pg_url) as a, node(pg_url) as b:
+        await create(a, "c1")
+        await read_offsets(b, 0, 1)
+        published = trio.Event()
+        publish = b.hub.publish
+
+        def observe(events: list[StoredEvent], oldest: int, head: int) -> None:
+            publish(events, oldest, head)
+            if any(ev.offset == 2 for ev in events):
+                published.set()
+
+        b.hub.publish = observe  # type: ignore[method-assign]
+        # a foreign commit that notifies nobody: the same counter rule, written by hand
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                'WITH c AS (UPDATE counter SET v = v + 1 RETURNING v) '
+                'INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload) '
+                "SELECT c.v, 'c1', 'agent', 0, p.payload FROM c, "
+                '(SELECT payload FROM outbox WHERE "offset" = 1) p'
+            )
+        start = time.monotonic()
+        with trio.fail_after(3):
+            await published.wait()
+        assert time.monotonic() - start < 1.5
+        assert b.hub.current_cursor().offset == 2
+
+
+async def test_cursor_from_one_node_resumes_on_the_other(pg_url: str) -> None:
+    async with node(pg_url) as a, node(pg_url) as b:
+        await create(a, "c1")
+        await create(b, "c2")
+        for i in range(5):
+            await a.write(send("c1", f"m{i}"))
+        cursor = a.hub.current_cursor()  # b's feed may not be there yet: still not "ahead"
+        for i in range(3):
+            await b.write(send("c2", f"n{i}"))
+        events = []
+        with trio.fail_after(10):
+            async for ev in b.hub.events(cursor):
+                events.append(ev)
+                if len(events) == 3:
+                    break
+        assert [e.cursor.offset for e in events] == [8, 9, 10]  # type: ignore[union-attr]
+        assert [e.event.record.id for e in events] == ["n0", "n1", "n2"]  # type: ignore[union-attr]
+        # the stored payloads carry their real offsets, in the cursor and in the record
+        assert all(e.event.record.seq == e.cursor.offset for e in events)  # type: ignore[union-attr]
+
+
+async def test_refusal_takes_no_offset_on_postgres(pg_url: str) -> None:
+    async with node(pg_url) as a:
+        await create(a, "c1")
+
+        async def bad() -> None:
+            with pytest.raises(NotFoundError):
+                await a.write(send("missing", "x"))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(bad)
+            for i in range(5):
+                n.start_soon(a.write, send("c1", f"m{i}"))
+        journal = await a.reader.run(q.journal, None, 0, None, 100)
+        assert sorted(r.seq for r in journal) == [2, 3, 4, 5, 6]
+        assert a.hub.current_cursor().offset == 6
+
+
+def test_scaleout_settings() -> None:
+    cfg = Config.from_env({"AGENTIK_DATABASE_URL": "postgresql://u@h/db", "AGENTIK_NODE_ID": "n1",
+                           "AGENTIK_LEASE_TTL": "2.5"})
+    assert (cfg.database_url, cfg.node_id, cfg.lease_ttl) == ("postgresql://u@h/db", "n1", 2.5)
+    for name, bad in [("AGENTIK_DATABASE_URL", "mysql://x"), ("AGENTIK_LEASE_TTL", "0")]:
+        with pytest.raises(ConfigError) as info:
+            Config.from_env({name: bad})
+        assert info.value.variable == name
