@@ -29,7 +29,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "llm": ("agentik.llm",),
     "tools": ("agentik.tools",),
     "actors": ("agentik.actors",),
-    "facade": ("agentik", "agentik.runtime", "agentik.agent", "agentik.testing"),
+    "facade": ("agentik", "agentik.runtime", "agentik.agent", "agentik.testing", "agentik.cluster"),
     "front": ("agentik.web", "agentik.a2a"),
     "client": ("agentik.client",),
     "cli": ("agentik.cli",),
@@ -44,7 +44,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "llm": {"types", "config", "context"},
     "tools": {"types", "config", "llm"},
     "actors": {"types", "config", "context", "storage", "llm", "tools"},
-    "facade": {"types", "config", "context", "storage", "llm", "tools", "actors"},
+    # (a cluster node forwards a command to the conversation's owner with the client)
+    "facade": {"types", "config", "context", "storage", "llm", "tools", "actors", "client"},
     # the web goes through the Agent API: no storage, no actors
     "front": {"types", "config", "llm", "tools", "facade"},
     # a client program loads the client, the wire and protocol types and the error tree only

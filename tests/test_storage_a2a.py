@@ -21,12 +21,14 @@ from agentik.storage.actor import Storage, run_storage
 from agentik.storage.schema import _V1, SCHEMA_VERSION
 from agentik.storage.writer import Writer
 from agentik.wire import TaskUpdated
+from tests.conftest import StorageTarget
 
 
 @asynccontextmanager
-async def open_storage(path: str) -> AsyncIterator[Storage]:
+async def open_storage(target: StorageTarget) -> AsyncIterator[Storage]:
+    """On every engine (the ``target`` fixture: SQLite and PostgreSQL)."""
     async with trio.open_nursery() as nursery:
-        storage: Storage = await nursery.start(partial(run_storage, path))
+        storage: Storage = await nursery.start(partial(run_storage, target.path, database_url=target.url))
         yield storage
         nursery.cancel_scope.cancel()
 
@@ -42,8 +44,8 @@ def put(
     )
 
 
-async def test_put_task_row_and_event_share_one_seq(db_path: str) -> None:
-    async with open_storage(db_path) as st:
+async def test_put_task_row_and_event_share_one_seq(target: StorageTarget) -> None:
+    async with open_storage(target) as st:
         before = st.hub.current_cursor()
         seq1 = await st.write(put("t1", "TASK_STATE_WORKING", None))
         seq2 = await st.write(put("t1", "TASK_STATE_COMPLETED", seq1, text="done"))
@@ -68,8 +70,8 @@ async def test_put_task_row_and_event_share_one_seq(db_path: str) -> None:
         assert events[-1].conversation_id == "conv-ctx"
 
 
-async def test_stale_expect_seq_is_refused_and_uses_no_seq(db_path: str) -> None:
-    async with open_storage(db_path) as st:
+async def test_stale_expect_seq_is_refused_and_uses_no_seq(target: StorageTarget) -> None:
+    async with open_storage(target) as st:
         seq1 = await st.write(put("t1", "TASK_STATE_WORKING", None))
         seq2 = await st.write(put("t1", "TASK_STATE_CANCELED", seq1))
         with pytest.raises(ConflictError):
@@ -83,8 +85,8 @@ async def test_stale_expect_seq_is_refused_and_uses_no_seq(db_path: str) -> None
         assert seq3 == seq2 + 1
 
 
-async def test_list_newest_first_paged_filtered_and_counted(db_path: str) -> None:
-    async with open_storage(db_path) as st:
+async def test_list_newest_first_paged_filtered_and_counted(target: StorageTarget) -> None:
+    async with open_storage(target) as st:
         firsts = {}
         for i in range(5):
             firsts[f"t{i}"] = await st.write(
