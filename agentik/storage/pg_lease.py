@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 #: fraction of the TTL a node may go without a heartbeat before it stops its own actors
 STOP_AFTER = 0.6
 NODE_LOST = "interrupted: node lost"
+#: longest a lease query may take before its connection is dropped
+QUERY_LIMIT = 10.0
 
 _CLAIM = """
 WITH prev AS (SELECT node_id FROM conv_owner WHERE conversation_id = %(cid)s)
@@ -81,8 +83,9 @@ class Leases:
         #: set by run_storage: commit an op through the node's StorageActor
         self.write: Callable[[ops.AnyOp], Awaitable[Any]] | None = None
         self.stats = {"heartbeats": 0, "missed": 0, "claims": 0, "takeovers": 0, "stops": 0}
-        self._conn: psycopg.Connection[Any] | None = None
-        self._lock = trio.Lock()
+        #: line -> (lock, [connection]): one connection per line, one call at a time on it
+        self._lines: dict[str, tuple[trio.Lock, list[Any]]] = {
+            "heartbeat": (trio.Lock(), [None]), "claims": (trio.Lock(), [None])}
         self._last_ok = -math.inf
         self._nursery: trio.Nursery | None = None
 
@@ -96,25 +99,23 @@ class Leases:
         cur = conn.execute(sql, args)
         return cur.fetchall() if cur.description is not None else []
 
-    async def _db(self, sql: str, **args: Any) -> list[tuple[Any, ...]]:
-        """Run ``sql``; StorageError when it fails or takes longer than TTL/3 (the connection is
-        then dropped: the abandoned thread may still hold it)."""
+    async def _db(self, sql: str, *, line: str = "claims", **args: Any) -> list[tuple[Any, ...]]:
+        """Run ``sql`` on the connection of ``line`` ("heartbeat" has its own, so a slow claim
+        never delays a heartbeat); StorageError when it fails or takes over QUERY_LIMIT seconds
+        (the connection is then dropped: the abandoned thread may still hold it)."""
         args.setdefault("me", self.node_id)
         args.setdefault("ttl", self.ttl)
-        async with self._lock:
-            box: list[Any] = [self._conn]
-            with trio.move_on_after(self.ttl / 3) as scope:
+        lock, box = self._lines[line]
+        async with lock:
+            with trio.move_on_after(QUERY_LIMIT):
                 try:
-                    rows = await trio.to_thread.run_sync(
+                    return await trio.to_thread.run_sync(
                         self._sync, sql, args, box, abandon_on_cancel=True)
                 except psycopg.Error as exc:
-                    self._conn = None
+                    box[0] = None
                     raise StorageError(f"lease query failed: {exc}") from exc
-            if scope.cancelled_caught:
-                self._conn = None
-                raise StorageError("lease query timed out")
-            self._conn = box[0]
-            return rows
+            box[0] = None
+            raise StorageError(f"lease query took over {QUERY_LIMIT} s")
 
     # --- the node ------------------------------------------------------------------------------
 
@@ -122,41 +123,48 @@ class Leases:
         await self._db(
             "INSERT INTO nodes (node_id, addr, heartbeat_at) VALUES (%(me)s, %(addr)s, now()) "
             "ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), addr = EXCLUDED.addr",
-            addr=self.addr,
+            line="heartbeat", addr=self.addr,
         )
         self._last_ok = trio.current_time()
         self.healthy = True
         self.stats["heartbeats"] += 1
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Heartbeat, self-stop and sweep until cancelled. Raises StorageError if the first
-        heartbeat fails (start-up)."""
+        """Heartbeat, watch, sweep until cancelled. Raises StorageError if the first heartbeat
+        fails (start-up)."""
         await self._heartbeat()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._watchdog)
                 task_status.started()
                 while True:
                     await trio.sleep(self.ttl / 5)
-                    await self._round()
+                    if trio.current_time() - self._last_ok > STOP_AFTER * self.ttl:
+                        await self._stop_all()  # e.g. frozen: stop before heartbeating again
+                    try:
+                        await self._heartbeat()
+                    except StorageError as exc:
+                        self.stats["missed"] += 1
+                        log.warning("node %s: heartbeat failed: %s", self.node_id, exc)
+                        continue
+                    try:
+                        await self._sweep()
+                    except StorageError as exc:
+                        log.warning("node %s: sweep failed: %s", self.node_id, exc)
         finally:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                conn.close()
+            for _, box in self._lines.values():
+                conn, box[0] = box[0], None
+                if conn is not None:
+                    conn.close()
 
-    async def _round(self) -> None:
-        try:
-            await self._heartbeat()
-        except StorageError as exc:
-            self.stats["missed"] += 1
-            log.warning("node %s: heartbeat failed: %s", self.node_id, exc)
-        if trio.current_time() - self._last_ok > STOP_AFTER * self.ttl:
-            await self._stop_all()
-            return
-        try:
-            await self._sweep()
-        except StorageError as exc:
-            log.warning("node %s: sweep failed: %s", self.node_id, exc)
+    async def _watchdog(self) -> None:
+        """Independent of how long a heartbeat query hangs: past STOP_AFTER x TTL without a
+        successful heartbeat, stop every local actor."""
+        while True:
+            await trio.sleep(self.ttl / 10)
+            if trio.current_time() - self._last_ok > STOP_AFTER * self.ttl:
+                await self._stop_all()
 
     async def _stop_all(self) -> None:
         """Stop every local actor before another node can take this node's leases."""

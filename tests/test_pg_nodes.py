@@ -1,0 +1,325 @@
+"""Several agentik nodes as real processes (``hypercorn -k trio agentik.web:app``) on one real
+PostgreSQL schema, driven through the real client library over HTTP/SSE (SPEC §12, issue 17):
+
+- senders spread messages over conversations through both nodes, a reader on each node: both
+  see the identical gap-free event sequence, every acknowledged message is stored once and gets
+  a terminal record (commands for a conversation owned by the other node are forwarded);
+- SIGKILL of a node mid-answer: its open turn gets "interrupted: node lost" within the lease TTL
+  (plus a margin), visible on the other node, which answers the conversation next; the killed
+  node restarts and rejoins, and a cursor from one node resumes on the other;
+- a frozen node (SIGSTOP) loses its lease, and its late write is refused by the fence.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
+
+import httpx2
+import pytest
+import trio
+
+from agentik.client.http import AgentikAgent
+from agentik.errors import MailboxFullError, RuntimeClosedError, StorageError
+from agentik.wire import AssistantMessage, CommonEvent, Cursor, Error, event_type
+from benchmarks.serverproc import free_port
+from tests.scripted_openai import Hang, ScriptedOpenAI
+
+REPO = Path(__file__).resolve().parent.parent
+#: short for the test, long enough for 2 cores shared with other work (a node stops its actors
+#: after 0.6 TTL without a heartbeat)
+TTL = 3.0
+#: how long after a node's death its open turn must have its terminal record
+TAKEOVER_LIMIT = TTL + 3.0
+
+
+class Node:
+    """One ``hypercorn -k trio agentik.web:app`` process, a cluster node."""
+
+    def __init__(self, name: str, url: str, openai: str, log_dir: Path) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"{name}.log"
+        self.env = {
+            **os.environ, "PYTHONPATH": str(REPO), "AGENTIK_DATABASE_URL": url,
+            "AGENTIK_NODE_ID": name, "AGENTIK_NODE_URL": self.url,
+            "AGENTIK_LEASE_TTL": str(TTL), "OPENAI_BASE_URL": openai, "OPENAI_API_KEY": "k",
+            "AGENTIK_LLM_MAX_RETRIES": "0", "AGENTIK_MAILBOX_SIZE": "64",
+        }
+        self.process: trio.Process | None = None
+
+    async def start(self) -> None:
+        with open(self.log_path, "ab") as log:  # noqa: ASYNC230 - a local file, once
+            self.process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "hypercorn", "-k", "trio", "--bind",
+                 f"127.0.0.1:{self.port}", "--graceful-timeout", "1", "agentik.web:app"],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
+                start_new_session=True,  # hypercorn runs its worker in a child: signal the group
+            )
+        with trio.fail_after(30):
+            async with httpx2.AsyncClient(base_url=self.url, timeout=2.0) as client:
+                while True:  # a separate process: ask until it answers
+                    assert self.process.returncode is None, self.log()
+                    try:
+                        if (await client.get("/healthz")).status_code == 200:
+                            return
+                    except httpx2.TransportError:
+                        pass
+                    await trio.sleep(0.05)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to the node's whole process group (hypercorn's supervisor and its worker)."""
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    async def kill(self) -> None:
+        if self.process is not None:
+            self.signal(signal.SIGKILL)
+            with trio.fail_after(10):
+                await self.process.wait()
+
+    async def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.returncode is not None:
+            self.signal(signal.SIGKILL)  # an orphaned worker, if any
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        with trio.move_on_after(10):
+            await self.process.wait()
+            return
+        await self.kill()
+
+
+@asynccontextmanager
+async def cluster(pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path,
+                  n: int = 2) -> AsyncIterator[list[Node]]:
+    nodes = [Node(f"n{i}", pg_url, scripted.base_url, tmp_path) for i in range(n)]
+    try:
+        for node in nodes:
+            await node.start()
+        yield nodes
+    finally:
+        with trio.CancelScope(shield=True):
+            for node in nodes:
+                await node.stop()
+
+
+class Reader:
+    """Every durable event of one node, from offset 0, in a background task."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.events: list[CommonEvent] = []
+        self._changed = trio.Event()
+
+    async def run(self, epoch: str) -> None:
+        async with AgentikAgent("reader", self.node.url) as client:
+            stream = client.outbox.events(Cursor(epoch=epoch, offset=0))
+            async with aclosing(stream):
+                async for ev in stream:
+                    self.events.append(ev)
+                    self._changed.set()
+                    self._changed = trio.Event()
+
+    async def wait_for(self, predicate: object, limit: float = 60.0) -> None:
+        with trio.fail_after(limit):
+            while not predicate():  # type: ignore[operator]
+                await self._changed.wait()
+
+    def offsets(self) -> list[int]:
+        return [ev.cursor.offset for ev in self.events if ev.cursor is not None]
+
+
+def terminal_turns(events: list[CommonEvent]) -> dict[str, list[str]]:
+    """turn id -> the types of its terminal records (assistant answer, error)."""
+    out: dict[str, list[str]] = {}
+    for ev in events:
+        record = getattr(ev.event, "record", None)
+        message = getattr(record, "message", None)
+        if isinstance(message, AssistantMessage | Error) and message.turn_id is not None:
+            out.setdefault(message.turn_id, []).append(event_type(ev.event))
+    return out
+
+
+async def test_two_nodes_senders_and_readers_see_one_sequence(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    seconds = float(os.environ.get("AGENTIK_TEST_CLUSTER_SECONDS", "10"))
+    async with cluster(pg_url, scripted, tmp_path) as nodes:
+        clients = [AgentikAgent(f"c{i}", node.url) for i, node in enumerate(nodes)]
+        try:
+            epoch = (await clients[0].outbox.current_cursor()).epoch
+            assert (await clients[1].outbox.current_cursor()).epoch == epoch
+            readers = [Reader(node) for node in nodes]
+            conversations = [
+                (await clients[i % 2].create_conversation()).id for i in range(8)
+            ]
+            acked: list[tuple[str, str]] = []  # (conversation, message id)
+            full = 0
+            rng = random.Random(17)
+            async with trio.open_nursery() as background:
+                for reader in readers:
+                    background.start_soon(reader.run, epoch)
+
+                async def sender(k: int) -> None:
+                    nonlocal full
+                    i = 0
+                    end = trio.current_time() + seconds
+                    while trio.current_time() < end:  # never cancelled mid-send
+                        cid = rng.choice(conversations)
+                        client = clients[rng.randrange(2)]
+                        try:
+                            acked.append((cid, await client.send(cid, f"s{k}-{i}")))
+                        except (MailboxFullError, StorageError, RuntimeClosedError):
+                            full += 1  # refused (429/503): not acknowledged
+                        i += 1
+
+                async with trio.open_nursery() as senders:
+                    for k in range(4):
+                        senders.start_soon(sender, k)
+                ids = {mid for _, mid in acked}
+                for reader in readers:  # every acknowledged message gets its terminal record
+                    try:
+                        await reader.wait_for(
+                            lambda r=reader: ids <= terminal_turns(r.events).keys())
+                    except trio.TooSlowError:
+                        missing = ids - terminal_turns(reader.events).keys()
+                        raise AssertionError(
+                            f"{len(missing)} of {len(ids)} turns unanswered on {reader.node.name}"
+                            f"\n{nodes[0].log()}\n{nodes[1].log()}") from None
+                head = (await clients[0].outbox.current_cursor()).offset
+                for reader in readers:
+                    await reader.wait_for(lambda r=reader: len(r.events) >= head)
+                background.cancel_scope.cancel()
+            a, b = readers[0].events[:head], readers[1].events[:head]
+            assert [e.cursor.offset for e in a] == list(range(1, head + 1))  # type: ignore[union-attr]
+            assert [(e.cursor, event_type(e.event)) for e in a] == [
+                (e.cursor, event_type(e.event)) for e in b]
+            turns = terminal_turns(a)
+            assert all(turns[mid] == ["assistant_message"] for mid in ids)  # once, answered
+            stored: list[str] = []
+            after = 0
+            while page := await clients[1].journal.list(after_seq=after, limit=100):
+                stored += [m.id for m in page if type(m.message).__name__ == "UserMessage"]
+                after = page[-1].seq
+            assert len(stored) == len(set(stored))  # nothing stored twice
+            assert sorted(stored) == sorted(ids), (len(stored), len(ids), full)  # acked = stored
+            assert len(ids) > 10, (len(ids), full)
+        finally:
+            for client in clients:
+                await client.close()
+
+
+async def _start_long_answer(client: AgentikAgent, scripted: ScriptedOpenAI) -> tuple[str, str]:
+    scripted.push(Hang(text_before="Let me think"))
+    conv = await client.create_conversation()
+    live = client.online_outbox.online_events(conv.id)
+    async with aclosing(live):
+        mid = await client.send(conv.id, "a long question")
+        with trio.fail_after(30):
+            async for ev in live:
+                if event_type(ev.event) == "append_text":
+                    break
+    return conv.id, mid
+
+
+async def test_sigkill_mid_answer_takeover_rejoin_and_cursor_across_nodes(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    async with cluster(pg_url, scripted, tmp_path) as (a, b):
+        ca, cb = AgentikAgent("ca", a.url), AgentikAgent("cb", b.url)
+        try:
+            epoch = (await cb.outbox.current_cursor()).epoch
+            reader_b = Reader(b)
+            async with trio.open_nursery() as background:
+                background.start_soon(reader_b.run, epoch)
+                cid, mid = await _start_long_answer(ca, scripted)  # a owns it, mid-answer
+                await a.kill()
+                start = trio.current_time()
+                await reader_b.wait_for(lambda: mid in terminal_turns(reader_b.events),
+                                        limit=TAKEOVER_LIMIT + 5)
+                took = trio.current_time() - start
+                assert took < TAKEOVER_LIMIT, took
+                error = next(e.event.record.message for e in reader_b.events  # type: ignore[union-attr]
+                             if isinstance(getattr(getattr(e.event, "record", None), "message", None),
+                                           Error))
+                assert (error.message, error.turn_id) == ("interrupted: node lost", mid)
+                # b serves the conversation now
+                nxt = await cb.send(cid, "still there?")
+                await reader_b.wait_for(lambda: nxt in terminal_turns(reader_b.events))
+                assert terminal_turns(reader_b.events)[nxt] == ["assistant_message"]
+                # a restarts and rejoins; a cursor from b resumes on a, nothing lost or doubled
+                cursor = reader_b.events[-1].cursor
+                assert cursor is not None
+                await a.start()
+                after = await ca.send(cid, "and now?")  # owned by b: a forwards it
+                await reader_b.wait_for(lambda: after in terminal_turns(reader_b.events))
+                head = reader_b.events[-1].cursor.offset  # type: ignore[union-attr]
+                on_a: list[CommonEvent] = []
+                with trio.fail_after(30):
+                    async with aclosing(ca.outbox.events(cursor)) as stream:
+                        async for ev in stream:
+                            on_a.append(ev)
+                            if ev.cursor is not None and ev.cursor.offset >= head:
+                                break
+                on_b = [e for e in reader_b.events if e.cursor.offset > cursor.offset]  # type: ignore[union-attr]
+                assert [e.cursor for e in on_a] == [e.cursor for e in on_b]
+                assert [e.cursor.offset for e in on_a] == list(range(cursor.offset + 1, head + 1))  # type: ignore[union-attr]
+                background.cancel_scope.cancel()
+            journal = await cb.journal.list(conversation_id=cid, limit=100)
+            assert [m.id for m in journal].count(mid) == 1
+        finally:
+            await ca.close()
+            await cb.close()
+
+
+async def test_frozen_node_loses_its_lease_and_its_late_write_is_refused(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    async with cluster(pg_url, scripted, tmp_path) as (a, b):
+        ca, cb = AgentikAgent("ca", a.url), AgentikAgent("cb", b.url)
+        try:
+            epoch = (await cb.outbox.current_cursor()).epoch
+            reader_b = Reader(b)
+            async with trio.open_nursery() as background:
+                background.start_soon(reader_b.run, epoch)
+                cid, mid = await _start_long_answer(ca, scripted)
+                a.signal(signal.SIGSTOP)  # frozen: alive, but no heartbeat
+                await reader_b.wait_for(lambda: mid in terminal_turns(reader_b.events),
+                                        limit=TAKEOVER_LIMIT + 5)
+                a.signal(signal.SIGCONT)
+                # a wakes up past its lease: it stops its actor, whose terminal write carries the
+                # old fence and is refused
+                with trio.fail_after(20):
+                    while "was taken" not in a.log():  # noqa: ASYNC110 - another process's log
+                        await trio.sleep(0.05)
+                nxt = await ca.send(cid, "who answers?")  # forwarded to b, the owner now
+                await reader_b.wait_for(lambda: nxt in terminal_turns(reader_b.events))
+                background.cancel_scope.cancel()
+            turns = terminal_turns(reader_b.events)
+            assert turns[mid] == ["error"]  # b's "node lost" only: a's late "cancelled" refused
+            assert turns[nxt] == ["assistant_message"]
+            messages = await cb.journal.list(conversation_id=cid, limit=100)
+            kinds = [type(m.message).__name__ for m in messages]
+            assert kinds == ["UserMessage", "Error", "UserMessage", "AssistantMessage"], kinds
+        finally:
+            await ca.close()
+            await cb.close()
+
+
+pytestmark = pytest.mark.usefixtures("pg_url")
