@@ -6,6 +6,7 @@ session leader with the pty as its controlling terminal)."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import termios
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ import trio
 
 from agentik.config import Config
 from agentik.tools.base import FunctionTools
-from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls
+from tests.scripted_openai import Hang, Reply, ScriptedOpenAI, ToolCalls
 from tests.webutil import serve_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,3 +231,79 @@ async def test_chat_shows_a_lost_connection(config: Config, scripted: ScriptedOp
                 await term.write("/quit\n")
                 await term.expect("bye")
                 assert await term.process.wait() == 0
+
+
+async def _until(agent: object, conv_id: str, cursor: object, event_type: str) -> None:
+    async for ce in agent.outbox.conversation_events(cursor, conv_id):  # type: ignore[attr-defined]
+        if ce.type == event_type:
+            return
+
+
+async def test_chat_commands_history_and_working(
+    config: Config, scripted: ScriptedOpenAI, tools: FunctionTools
+) -> None:
+    """Issue 11 #11: /help, /title, /new, /list (an unknown /command is not sent to the model);
+    a rejoined conversation's history shows its tool calls and [interrupted] answers; a turn
+    waiting on the model shows that the agent is working."""
+    with trio.fail_after(TIMEOUT):
+        async with serve_app(config, tools=tools) as srv:
+            agent = srv.agent
+            conv = await agent.create_conversation(title="with tools")
+            cursor = agent.hub.current_cursor()
+            scripted.push(ToolCalls([("call_1", "add", '{"a": 2, "b": 3}')]), Reply("It is 5."))
+            await conv.send("what is 2+3?")
+            await _until(agent, conv.id, cursor, "assistant_message")
+            cursor = agent.hub.current_cursor()
+            scripted.push(Hang(text_before="half an ans"))
+            async with aclosing(agent.online_outbox.online_events(conv.id)) as live:
+                await conv.send("tell me more")
+                async for ce in live:  # the partial text reached the turn: interrupt now
+                    if ce.type == "append_text":
+                        break
+            await conv.interrupt()
+            await _until(agent, conv.id, cursor, "interrupted")
+
+            async with chat("--url", srv.url, "--conversation", conv.id) as term:
+                await term.expect("you: what is 2+3?")
+                await term.expect("[tool call: add(")
+                await term.expect("[tool result: add: 5")
+                await term.expect("agent: It is 5.")
+                await term.expect("agent: half an ans [interrupted]")
+                await term.expect("you> ")
+                await term.write("/help\n")
+                await term.expect("/title")
+                await term.expect("/list")
+                await term.write("/bogus words\n")
+                await term.expect("[unknown command /bogus; /help lists the commands]")
+                await term.write("/title renamed here\n")
+                await term.expect("[title: renamed here]")
+                assert (await agent.get_conversation(conv.id)).title == "renamed here"  # type: ignore[union-attr]
+                # A hung model: the chat says the agent is working, Ctrl-C interrupts.
+                scripted.push(Hang())
+                await term.write("are you there?\n")
+                await term.expect("[the agent is working…]")
+                await term.write("\x03")
+                await term.expect("[interrupted]")
+                await term.expect("you> ")
+                assert not any("/bogus" in json.dumps(r) for r in scripted.requests)  # not sent
+                await term.write("/new fresh one\n")
+                await term.expect("-- conversation fresh one [")
+                await term.expect("you> ")
+                await term.write("/list\n")
+                await term.expect("(this one)")
+                await term.expect("pick a number, or Enter for keep this one: ")
+                listed = (await agent.conversations_snapshot(limit=20)).conversations
+                index = [c.id for c in listed].index(conv.id) + 1
+                await term.write(f"{index}\n")
+                await term.expect("-- conversation renamed here [")
+                await term.expect("agent: half an ans [interrupted]")
+                await term.write("/quit\n")
+                await term.expect("bye")
+                assert await term.process.wait() == 0
+
+
+async def test_chat_url_without_scheme() -> None:
+    async with chat("--url", "127.0.0.1:8080") as term:
+        await term.drain()
+        assert await term.process.wait() == 2
+    assert "add http://" in term.screen and "http://127.0.0.1:8080" in term.screen

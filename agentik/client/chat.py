@@ -3,7 +3,8 @@
 Pick or create a conversation, then type. The answer streams as it arrives (online AppendText);
 tool calls, tool results, errors and interruptions are shown from the durable stream. Ctrl-C
 while a turn runs interrupts it; Ctrl-C with no turn running (or a second Ctrl-C while the
-interrupt is pending) quits, as do Ctrl-D and ``/quit``.
+interrupt is pending) quits, as do Ctrl-D and ``/quit``. Lines starting with ``/`` are commands
+(``/help`` lists them); they are never sent to the model.
 
 Exit status: 0 when the user quits, 1 when the server cannot be reached, refuses the token, or
 the conversation does not exist.
@@ -102,7 +103,10 @@ class Chat:
         self.live_turn: str | None = None
         self.streamed_turns: set[str | None] = set()
         self.caught_up_turns: set[str | None] = set()  # the cursor is not at the start of a line
+        self.working_shown: set[str | None] = set()
         self.quit = trio.Event()
+        #: set by /new and /list: the conversation to continue with (the session restarts on it)
+        self.switch_to: HttpConversation | None = None
 
     def say(self, text: str, end: str = "\n") -> None:
         data = text + end
@@ -148,7 +152,11 @@ class Chat:
 
     # --- start-up --------------------------------------------------------------------------------
 
-    async def pick(self, lines: _Lines, conversation_id: str | None) -> HttpConversation | None:
+    async def pick(
+        self, lines: _Lines, conversation_id: str | None, *, current: str | None = None
+    ) -> HttpConversation | None:
+        """The conversation to chat in: ``conversation_id``, else the user's choice from the list
+        (``current``: the one already open, marked, and what Enter keeps in /list)."""
         if conversation_id is not None:
             conv = await self.agent.get_conversation(conversation_id)
             if conv is None:
@@ -160,14 +168,18 @@ class Chat:
             return await self.agent.create_conversation()
         self.say("Conversations:")
         for i, rec in enumerate(snapshot.conversations, 1):
-            self.say(f"  {i:2}) {rec.title or '(untitled)'}  [{rec.id}]")
+            mark = "  (this one)" if rec.id == current else ""
+            self.say(f"  {i:2}) {rec.title or '(untitled)'}  [{rec.id}]{mark}")
         self.say("   n) new conversation")
+        keep = "keep this one" if current is not None else "a new one"
         while True:
-            self.say("pick a number, or Enter for a new one: ", end="")
+            self.say(f"pick a number, or Enter for {keep}: ", end="")
             answer = await lines.next()
             if answer is None:
                 return None
             answer = answer.strip().lower()
+            if answer == "" and current is not None:
+                return None
             if answer in ("", "n"):
                 return await self.agent.create_conversation()
             if answer.isdigit() and 1 <= int(answer) <= len(snapshot.conversations):
@@ -188,10 +200,17 @@ class Chat:
             if isinstance(msg, UserMessage):
                 self.say(f"you: {_text(list(msg.content))}")
             elif isinstance(msg, AssistantMessage):
-                self.say(f"agent: {_text(list(msg.content))}")
+                marker = " [interrupted]" if msg.interrupted else ""
+                self.say(f"agent: {_text(list(msg.content))}{marker}")
+            elif isinstance(msg, ToolCall):
+                self.say(f"[tool call: {msg.name}({_short(msg.arguments)})]")
+            elif isinstance(msg, ToolResult):
+                verdict = "tool failed" if msg.is_error else "tool result"
+                self.say(f"[{verdict}: {msg.name}: {_short(msg.content)}]")
             elif isinstance(msg, ErrorMessage):
                 self.say(f"[error: {msg.message}]")
-        self.say("-- Ctrl-C interrupts the answer, Ctrl-C again (or Ctrl-D, /quit) quits --")
+        self.say("-- Ctrl-C interrupts the answer, Ctrl-C again (or Ctrl-D, /quit) quits; "
+                 "/help lists the commands --")
 
     # --- running ---------------------------------------------------------------------------------
 
@@ -268,9 +287,14 @@ class Chat:
 
     def render_online(self, event: object) -> None:
         if isinstance(event, Working):
-            self.live_turn = event.turn_id
             if not self.busy:
                 self.turn_started()
+            if event.turn_id not in self.working_shown and event.turn_id not in self.streamed_turns:
+                # Sent when the turn starts and again while it waits (a slow or hung model):
+                # say so once per turn, so a silent wait is never a blank screen.
+                self.working_shown.add(event.turn_id)
+                self.note("the agent is working…")
+            self.live_turn = event.turn_id
         elif isinstance(event, AppendText):
             if self.live_turn in self.caught_up_turns:
                 return
@@ -312,6 +336,15 @@ class Chat:
             if not line.strip():
                 self.prompt()
                 continue
+            if line.strip().startswith("/"):
+                try:
+                    await self.command(line.strip(), lines, conv)
+                except AgentikError as exc:
+                    self.note(f"{line.strip().split()[0]} failed: {exc}")
+                if self.quit.is_set():
+                    return
+                self.prompt()
+                continue
             try:
                 self.turn_started()
                 await conv.send(line)
@@ -323,6 +356,38 @@ class Chat:
                 self.busy = False
                 self.note(f"not sent: {exc}")
                 self.prompt()
+
+
+    async def command(self, line: str, lines: _Lines, conv: HttpConversation) -> None:
+        """A ``/command`` line. Unknown ones are refused here, never sent to the model."""
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        if name == "/help":
+            for usage, what in COMMANDS:
+                self.say(f"  {usage:<14} {what}")
+        elif name == "/title":
+            record = await self.agent.rename_conversation(conv.id, arg or None)
+            self.note(f"title: {record.title or '(untitled)'}")
+        elif name == "/new":
+            self.switch_to = await self.agent.create_conversation(title=arg or None)
+            self.quit.set()
+        elif name == "/list":
+            picked = await self.pick(lines, None, current=conv.id)
+            if picked is not None and picked.id != conv.id:
+                self.switch_to = picked
+                self.quit.set()
+        else:
+            self.note(f"unknown command {name}; /help lists the commands")
+
+
+#: the chat's commands, for /help
+COMMANDS = [
+    ("/help", "this list"),
+    ("/title [TEXT]", "rename this conversation (no TEXT: clear the title)"),
+    ("/new [TITLE]", "start a new conversation"),
+    ("/list", "list the conversations and switch to one"),
+    ("/quit", "leave (also Ctrl-D)"),
+]
 
 
 async def run_chat(
@@ -340,10 +405,6 @@ async def run_chat(
                 conv = await chat.pick(lines, conversation_id)
                 if conv is None:
                     return 1 if conversation_id is not None else 0
-                chat.conv = conv
-                # The cursor BEFORE the history: nothing between the two is missed.
-                after = await agent.outbox.current_cursor()
-                await chat.show_history(conv)
             except AgentikConnectionError as exc:
                 print(f"agentik chat: {exc} (is the server running? see --url)", file=sys.stderr)
                 return 1
@@ -351,13 +412,26 @@ async def run_chat(
                 print(f"agentik chat: the server at {agent.base_url} refused the token; "
                       "pass the right one with --token or AGENTIK_TOKEN", file=sys.stderr)
                 return 1
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(chat.durable, conv, after)
-                nursery.start_soon(chat.online, conv)
-                nursery.start_soon(chat.on_sigint, sigint)
-                nursery.start_soon(chat.input_loop, lines, conv)
-                await chat.quit.wait()
-                nursery.cancel_scope.cancel()
+            while True:
+                chat.conv = conv
+                try:
+                    # The cursor BEFORE the history: nothing between the two is missed.
+                    after = await agent.outbox.current_cursor()
+                    await chat.show_history(conv)
+                except AgentikError as exc:
+                    print(f"agentik chat: {exc}", file=sys.stderr)
+                    return 1
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(chat.durable, conv, after)
+                    nursery.start_soon(chat.online, conv)
+                    nursery.start_soon(chat.on_sigint, sigint)
+                    nursery.start_soon(chat.input_loop, lines, conv)
+                    await chat.quit.wait()
+                    nursery.cancel_scope.cancel()
+                if chat.switch_to is None:
+                    break
+                conv, chat.switch_to = chat.switch_to, None  # /new or /list: go on there
+                chat.quit = trio.Event()
+                chat.busy = chat.interrupting = False
             chat.say("\nbye")
     return 0
