@@ -22,7 +22,8 @@ PACKAGE = Path(agentik.__file__).resolve().parent
 #: group -> the modules in it: a name stands for that module and everything under it, except
 #: the bare root ``agentik`` (the public façade), which stands for itself only
 GROUPS: dict[str, tuple[str, ...]] = {
-    "types": ("agentik.wire", "agentik.errors", "agentik.protocol"),
+    # agentik.metrics: a leaf (prometheus-client only) every layer may update
+    "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics"),
     "config": ("agentik.config",),
     "context": ("agentik.context",),
     "storage": ("agentik.storage",),

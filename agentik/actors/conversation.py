@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from contextlib import aclosing
 from typing import assert_never
@@ -22,6 +23,7 @@ from typing import assert_never
 import trio
 
 from agentik import context as ctx
+from agentik import metrics
 from agentik.actors import compaction
 from agentik.actors import turn as logic
 from agentik.actors.handle import ConversationHandle
@@ -72,6 +74,8 @@ class ConversationActor:
         self.deps = handle.deps
         self.llm_conv: LiteConversation | None = None
         self.llm_tools: tuple[ToolSpec, ...] = ()
+        #: perf_counter at the running turn's start; None once its first delta was timed
+        self._awaiting_first_token: float | None = None
 
     def online(self, event: OnlineEvent) -> None:
         self.deps.storage.hub.publish_online(self.h.conversation_id, event)
@@ -119,31 +123,44 @@ class ConversationActor:
         h.interrupt_requested = False
         crashed = False
         failed: logic.Failed | None = None
+        started = self._awaiting_first_token = time.perf_counter()
+        outcome = "crashed"
         try:
             with trio.CancelScope() as scope:
                 h.turn_scope = scope
                 try:
                     failed = await self._turn_body(turn, state)
                 except LlmError as exc:
+                    metrics.LLM_ERRORS.labels(exc.code).inc()
                     failed = logic.Failed(exc.code, str(exc))
             h.turn_scope = None
+            outcome = "completed"
             if scope.cancelled_caught:
                 if not state.finished:
+                    outcome = "interrupted"
                     await self._end(state, logic.Interrupted())
             elif failed is not None:
+                outcome = "failed"
                 await self._end(state, failed)
         except trio.Cancelled:
+            outcome = "cancelled"
             # Not an interrupt: the runtime is shutting down or the conversation is being
             # deleted. Close the turn with a terminal record before going, unless it already has
             # one (the cancel may land after the answer).
             if not state.finished:
                 ending = logic.Interrupted() if h.interrupt_requested else logic.Cancelled()
+                outcome = "interrupted" if h.interrupt_requested else "cancelled"
                 await self._end(state, ending)
+            else:
+                outcome = "completed"
             raise
         except Exception:
             crashed = True
             raise
         finally:
+            metrics.TURNS.labels(outcome).inc()
+            metrics.TURN_DURATION.observe(time.perf_counter() - started)
+            self._awaiting_first_token = None
             h.turn_scope = None
             if not crashed:
                 # After a bug `current` stays set, so the supervisor closes it with an Error.
@@ -216,6 +233,10 @@ class ConversationActor:
         stream = self.llm_conv.send_stream(content, max_output_tokens=max_output)
         async with aclosing(stream):
             async for delta in stream:
+                if self._awaiting_first_token is not None:
+                    metrics.TIME_TO_FIRST_TOKEN.observe(
+                        time.perf_counter() - self._awaiting_first_token)
+                    self._awaiting_first_token = None
                 for event in logic.apply_delta(state, delta):
                     self.online(event)
 

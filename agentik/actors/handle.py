@@ -19,6 +19,7 @@ from typing import Protocol
 
 import trio
 
+from agentik import metrics
 from agentik.actors.deps import Deps
 from agentik.actors.messages import MailboxMessage, Turn
 from agentik.errors import ConversationFailedError, MailboxFullError
@@ -74,6 +75,7 @@ class ConversationHandle:
         try:
             self.mailbox.send_nowait(turn)
         except trio.WouldBlock:
+            metrics.MAILBOX_REJECTIONS.inc()
             raise MailboxFullError(
                 f"conversation {self.conversation_id!r} already has "
                 f"{self.deps.config.mailbox_size} turns queued",

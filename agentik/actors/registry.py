@@ -16,6 +16,7 @@ from functools import partial
 
 import trio
 
+from agentik import metrics
 from agentik.actors.deps import Deps
 from agentik.actors.handle import ConversationHandle, HandleClosed
 from agentik.actors.messages import MailboxMessage
@@ -45,6 +46,7 @@ class Registry:
         send, recv = trio.open_memory_channel[MailboxMessage](self.deps.config.mailbox_size)
         handle = ConversationHandle(conversation_id, self.deps, self, send, recv)
         self.live[conversation_id] = handle
+        metrics.LIVE_CONVERSATIONS.inc()
         await self.nursery.start(partial(supervise, handle))
         return handle
 
@@ -127,6 +129,7 @@ class Registry:
         handle.closed = True
         if self.live.get(handle.conversation_id) is handle:
             del self.live[handle.conversation_id]
+            metrics.LIVE_CONVERSATIONS.dec()
 
     async def stop(self, conversation_id: str) -> None:
         """Cancel the conversation's actor (its turn ends with a terminal record) and wait."""

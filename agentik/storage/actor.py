@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from agentik import metrics
 from agentik.errors import AgentikError, LeaseLostError, RuntimeClosedError, StorageError
 from agentik.storage import ops
 from agentik.storage.engine import ReaderEngine, WriterEngine
@@ -184,6 +185,7 @@ async def _commit(
 ) -> None:
     # The thread call is not abandoned on cancel: a commit that started always finishes and is
     # answered, so a caller is never told "failed" about data that is in fact stored.
+    started = time.perf_counter()
     try:
         result = await trio.to_thread.run_sync(writer.commit_batch, [r.op for r in batch])
     except StorageError as exc:
@@ -195,6 +197,9 @@ async def _commit(
     storage.stats.batches += 1
     storage.stats.ops += len(batch)
     storage.stats.largest_batch = max(storage.stats.largest_batch, len(batch))
+    metrics.STORAGE_COMMIT.observe(time.perf_counter() - started)
+    metrics.STORAGE_BATCH.observe(len(batch))
+    metrics.EVENTS_COMMITTED.inc(len(result.events))
 
     def answer() -> None:
         for req, value in zip(batch, result.results, strict=True):

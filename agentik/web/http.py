@@ -16,6 +16,7 @@ from quart import Blueprint, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 import agentik
+from agentik import metrics
 from agentik.errors import InvalidInputError, NotFoundError, PayloadTooLargeError
 from agentik.web._state import json_response, state
 from agentik.web.openapi import openapi_document
@@ -149,6 +150,13 @@ async def tools() -> Response:
     if isinstance(result, dict):
         return json_response(result)
     return json_response(ToolsStatus(servers=list(result)))
+
+
+@bp.get("/metrics")
+async def prometheus_metrics() -> Response:
+    """Prometheus text exposition (agentik.metrics); same auth as the API."""
+    body, content_type = metrics.exposition()
+    return Response(body, content_type=content_type)
 
 
 @bp.get("/agentik/openapi.json")

@@ -31,6 +31,7 @@ import trio
 from quart import Blueprint, Response, request
 from quart.wrappers.response import ResponseBody
 
+from agentik import metrics
 from agentik.errors import NotFoundError, OutboxGapError
 from agentik.web import logsafe
 from agentik.web._state import WebState, log, state
@@ -84,6 +85,7 @@ class EventStream(ResponseBody):
             raise
         self._manager, self._nursery, self._recv = manager, nursery, recv
         self._state.stream_opened()
+        metrics.SSE_CONNECTIONS.inc()
         return self
 
     async def __aexit__(
@@ -97,6 +99,7 @@ class EventStream(ResponseBody):
         try:
             await self._manager.__aexit__(exc_type, exc, tb)
         finally:
+            metrics.SSE_CONNECTIONS.dec()
             self._state.stream_closed()
 
     def __aiter__(self) -> EventStream:

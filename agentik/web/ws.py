@@ -27,6 +27,7 @@ import msgspec
 import trio
 from quart import Blueprint, Response, websocket
 
+from agentik import metrics
 from agentik.agent import LocalAgent
 from agentik.errors import AgentikError, InvalidInputError, NotFoundError, http_status
 from agentik.web import auth
@@ -362,9 +363,11 @@ async def ws() -> Response | None:
             return error_response(exc)
         await websocket.accept()
         st.stream_opened()
+        metrics.WS_CONNECTIONS.inc()
         try:
             await Session(st, agent).run()
         finally:
+            metrics.WS_CONNECTIONS.dec()
             st.stream_closed()
         return None
     finally:

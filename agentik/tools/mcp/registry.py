@@ -8,6 +8,7 @@ from typing import Any
 
 import trio
 
+from agentik import metrics
 from agentik.config import Config
 from agentik.errors import ConfigError, ToolError
 from agentik.llm.base import ToolSpec
@@ -62,7 +63,13 @@ class McpRegistry:
         if target is None:
             raise ToolError(f"unknown tool {name!r}")
         server, tool = target
-        return await server.call_tool(tool, arguments)
+        try:
+            outcome = await server.call_tool(tool, arguments)
+        except ToolError:
+            metrics.TOOL_CALLS.labels(server.name, "failed").inc()
+            raise
+        metrics.TOOL_CALLS.labels(server.name, "error" if outcome.is_error else "ok").inc()
+        return outcome
 
     # status ---------------------------------------------------------------------------------
 

@@ -1,0 +1,109 @@
+"""Running it in production (issue 14): /metrics, CORS, idempotent writes, the busy policy, the
+server-side kind filter, against a real hypercorn and the scripted OpenAI server."""
+
+# ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.scripted_openai import Fail, Reply, ScriptedOpenAI
+from tests.webutil import (  # noqa: F401 - fixtures are used by name
+    Server,
+    allow_error_logs,
+    client,
+    config,
+    make_config,
+    no_error_logs,
+    open_sse,
+    openai,
+    serve_app,
+    server,
+)
+
+TEXT = [{"type": "text", "body": "hi"}]
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a text exposition, parsed by prometheus-client's own parser."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def scrape(client: httpx2.AsyncClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = await client.get("/metrics")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return samples(response.text)
+
+
+async def create(client: httpx2.AsyncClient, **body: Any) -> str:
+    response = await client.post("/agentik/conversations", json=body)
+    assert response.status_code == 201, response.text
+    cid: str = response.json()["id"]
+    return cid
+
+
+async def turn(client: httpx2.AsyncClient, cid: str, until: str = "touched") -> list[str]:
+    async with open_sse(client, f"/agentik/conversations/{cid}/events") as stream:
+        response = await client.post(f"/agentik/conversations/{cid}/messages",
+                                     json={"content": TEXT})
+        assert response.status_code == 202, response.text
+        with trio.fail_after(10):
+            return [f.event for f in await stream.until(until)]
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+async def test_metrics_count_turns_failures_commits_and_streams(
+    client: httpx2.AsyncClient, server: Server, openai: ScriptedOpenAI, allow_error_logs: None
+) -> None:
+    before = await scrape(client)
+
+    def delta(after: dict[Any, float], name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    cid = await create(client)
+    openai.push(Reply(text="one"), Reply(text="two"), Reply(text="three"), Fail(status=400))
+    for _ in range(3):
+        assert "assistant_message" in await turn(client, cid)
+    assert "error" in await turn(client, cid)
+
+    after = await scrape(client)
+    assert delta(after, "agentik_turns_total", outcome="completed") == 3
+    assert delta(after, "agentik_turns_total", outcome="failed") == 1
+    assert delta(after, "agentik_turns_total", outcome="interrupted") == 0
+    assert delta(after, "agentik_turn_duration_seconds_count") == 4
+    assert delta(after, "agentik_time_to_first_token_seconds_count") == 3
+    assert sum(v for (n, labels), v in after.items() if n == "agentik_llm_errors_total") - sum(
+        v for (n, labels), v in before.items() if n == "agentik_llm_errors_total") == 1
+    # created + 4 x (user message, answer or error, touched)
+    assert delta(after, "agentik_events_committed_total") == 1 + 4 * 3
+    assert delta(after, "agentik_storage_commit_seconds_count") >= 1
+    assert delta(after, "agentik_storage_batch_size_sum") >= 9
+    assert after[("agentik_live_conversations", ())] >= 1
+
+    base_sse = after[("agentik_sse_connections", ())]
+    async with open_sse(client, "/agentik/events"):
+        during = await scrape(client)
+        assert during[("agentik_sse_connections", ())] == base_sse + 1
+    with trio.fail_after(5):
+        await server.state.wait_open_streams(0)  # the handler has left (gauge first)
+    assert (await scrape(client))[("agentik_sse_connections", ())] == base_sse
+
+
+async def test_metrics_need_the_token(tmp_path: Any, openai: ScriptedOpenAI) -> None:
+    async with serve_app(make_config(tmp_path, openai, tokens=("s3cret",))) as served:
+        async with httpx2.AsyncClient(base_url=served.url, timeout=10) as http:
+            assert (await http.get("/metrics")).status_code == 401
+            ok = await http.get("/metrics", headers={"Authorization": "Bearer s3cret"})
+            assert ok.status_code == 200 and "agentik_turns_total" in ok.text
