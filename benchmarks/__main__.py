@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from benchmarks import litert_context, litert_tokens, runtime, storage, web
+from benchmarks import litert_context, litert_tokens, pg, runtime, storage, web
 
 Scenario = Callable[[bool], Awaitable[dict[str, Any]]]
 
@@ -32,6 +32,8 @@ SCENARIOS: dict[str, Scenario] = {
     "stalled_subscriber": web.stalled_subscriber,
     "litert_tokens": litert_tokens.litert_tokens,
     "litert_context": litert_context.litert_context,
+    "pg_group_commit": pg.pg_group_commit,
+    "pg_fanout": pg.pg_fanout,
 }
 #: not in the default run: in-process, so its figure is noisy (see docs/BENCHMARKS.md)
 EXTRA: dict[str, Scenario] = {"memory_actors": runtime.memory_actors}

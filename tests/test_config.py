@@ -34,6 +34,8 @@ EVERY_VARIABLE = {
     "AGENTIK_MAX_OUTPUT_TOKENS": "512", "AGENTIK_SUMMARY_MAX_TOKENS": "128",
     "AGENTIK_KEEP_ALIVE_TIMEOUT": "12.5", "AGENTIK_AGENT_NAME": "helper",
     "AGENTIK_AGENT_DESCRIPTION": "answers questions",
+    "AGENTIK_DATABASE_URL": "postgresql://u@h/db", "AGENTIK_NODE_ID": "n1",
+    "AGENTIK_LEASE_TTL": "2.5", "AGENTIK_NODE_URL": "http://10.0.0.1:8080",
 }
 
 
@@ -70,6 +72,8 @@ def test_reads_every_variable() -> None:
     assert (cfg.max_output_tokens, cfg.summary_max_tokens) == (512, 128)
     assert cfg.keep_alive_timeout == 12.5
     assert (cfg.agent_name, cfg.agent_description) == ("helper", "answers questions")
+    assert (cfg.database_url, cfg.node_id, cfg.lease_ttl, cfg.node_url) == (
+        "postgresql://u@h/db", "n1", 2.5, "http://10.0.0.1:8080")
     # and each one landed: no field kept its default
     defaults = Config()
     unchanged = [f.name for f in dataclasses.fields(Config)

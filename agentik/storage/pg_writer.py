@@ -1,4 +1,5 @@
 """The PostgreSQL writer: one connection (autocommit), used from one worker thread at a time.
+Row arrays go as binary parameters (``%(x)b``): dumping them as text costs several times more.
 
 A batch is committed by ONE statement: a data-modifying CTE that bumps the counter row by the
 number of offsets the batch uses and inserts every row at ``base + rel``, then NOTIFYs the schema's
@@ -65,12 +66,12 @@ log = logging.getLogger(__name__)
 _COMMIT = """
 WITH f AS (
     SELECT x.conversation_id FROM conv_owner x
-    JOIN unnest(%(f_cid)s::text[], %(f_fence)s::bigint[]) AS r(cid, fence) ON x.conversation_id = r.cid
+    JOIN unnest(%(f_cid)b::text[], %(f_fence)b::bigint[]) AS r(cid, fence) ON x.conversation_id = r.cid
     WHERE x.node_id = %(me)s AND x.fence = r.fence
     FOR SHARE OF x
 ), g AS (
     SELECT x.conversation_id FROM conv_owner x JOIN nodes y ON y.node_id = x.node_id
-    WHERE x.conversation_id = ANY(%(u_cid)s::text[]) AND x.node_id <> %(me)s
+    WHERE x.conversation_id = ANY(%(u_cid)b::text[]) AND x.node_id <> %(me)s
       AND y.heartbeat_at > now() - make_interval(secs => %(ttl)s)
     FOR SHARE OF x
 ), c AS (
@@ -79,59 +80,59 @@ WITH f AS (
     RETURNING v - %(n)s AS base
 ), oi AS (
     INSERT INTO conv_owner (conversation_id, node_id, fence)
-    SELECT r.id, %(me)s, 1 FROM c, unnest(%(new)s::text[]) AS r(id)
+    SELECT r.id, %(me)s, 1 FROM c, unnest(%(new)b::text[]) AS r(id)
     ON CONFLICT (conversation_id) DO NOTHING
 ), od AS (
-    DELETE FROM conv_owner USING c WHERE conv_owner.conversation_id = ANY(%(del)s::text[])
+    DELETE FROM conv_owner USING c WHERE conv_owner.conversation_id = ANY(%(del)b::text[])
 ), o AS (
     INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload)
     SELECT c.base + r.rel, r.cid, r.kind, %(now)s, r.payload FROM c,
-        unnest(%(o_rel)s::bigint[], %(o_cid)s::text[], %(o_kind)s::text[], %(o_payload)s::bytea[])
+        unnest(%(o_rel)b::bigint[], %(o_cid)b::text[], %(o_kind)b::text[], %(o_payload)b::bytea[])
         AS r(rel, cid, kind, payload)
 ), m AS (
     INSERT INTO message (seq, id, conversation_id, type, created_at, payload)
     SELECT c.base + r.rel, r.id, r.cid, r.type, %(now)s, r.payload FROM c,
-        unnest(%(m_rel)s::bigint[], %(m_id)s::text[], %(m_cid)s::text[], %(m_type)s::text[],
-               %(m_payload)s::bytea[]) AS r(rel, id, cid, type, payload)
+        unnest(%(m_rel)b::bigint[], %(m_id)b::text[], %(m_cid)b::text[], %(m_type)b::text[],
+               %(m_payload)b::bytea[]) AS r(rel, id, cid, type, payload)
 ), cv AS (
     INSERT INTO conversation (id, title, is_temporal, created_at, updated_at, seq)
     SELECT r.id, r.title, r.temp, r.created, r.updated, c.base + r.rel FROM c,
-        unnest(%(c_id)s::text[], %(c_title)s::text[], %(c_temp)s::boolean[],
-               %(c_created)s::float8[], %(c_updated)s::float8[], %(c_rel)s::bigint[])
+        unnest(%(c_id)b::text[], %(c_title)b::text[], %(c_temp)b::boolean[],
+               %(c_created)b::float8[], %(c_updated)b::float8[], %(c_rel)b::bigint[])
         AS r(id, title, temp, created, updated, rel)
     ON CONFLICT (id) DO UPDATE
         SET title = EXCLUDED.title, updated_at = EXCLUDED.updated_at, seq = EXCLUDED.seq
 ), w AS (
     INSERT INTO working_memory (conversation_id, order_idx, source_message_id, created_at, payload)
     SELECT r.cid, r.idx, r.src, %(now)s, r.payload FROM c,
-        unnest(%(w_cid)s::text[], %(w_idx)s::int[], %(w_src)s::text[], %(w_payload)s::bytea[])
+        unnest(%(w_cid)b::text[], %(w_idx)b::int[], %(w_src)b::text[], %(w_payload)b::bytea[])
         AS r(cid, idx, src, payload)
 ), wd AS (
     DELETE FROM working_memory x USING c,
-        unnest(%(wd_cid)s::text[], %(wd_lo)s::int[], %(wd_hi)s::int[]) AS r(cid, lo, hi)
+        unnest(%(wd_cid)b::text[], %(wd_lo)b::int[], %(wd_hi)b::int[]) AS r(cid, lo, hi)
     WHERE x.conversation_id = r.cid AND x.order_idx >= r.lo AND x.order_idx < r.hi
 ), ti AS (
     INSERT INTO turn (id, conversation_id, state, seq)
     SELECT r.id, r.cid, r.state, c.base + r.rel FROM c,
-        unnest(%(t_id)s::text[], %(t_cid)s::text[], %(t_state)s::text[], %(t_rel)s::bigint[])
+        unnest(%(t_id)b::text[], %(t_cid)b::text[], %(t_state)b::text[], %(t_rel)b::bigint[])
         AS r(id, cid, state, rel)
 ), tr AS (
-    UPDATE turn SET state = 'running' FROM c WHERE turn.id = ANY(%(t_run)s::text[])
+    UPDATE turn SET state = 'running' FROM c WHERE turn.id = ANY(%(t_run)b::text[])
 ), td AS (
     DELETE FROM turn USING c
-    WHERE turn.id = ANY(%(t_del)s::text[]) OR turn.conversation_id = ANY(%(del)s::text[])
+    WHERE turn.id = ANY(%(t_del)b::text[]) OR turn.conversation_id = ANY(%(del)b::text[])
 ), dm AS (
-    DELETE FROM message USING c WHERE message.conversation_id = ANY(%(del)s::text[])
+    DELETE FROM message USING c WHERE message.conversation_id = ANY(%(del)b::text[])
 ), dw AS (
-    DELETE FROM working_memory USING c WHERE working_memory.conversation_id = ANY(%(del)s::text[])
+    DELETE FROM working_memory USING c WHERE working_memory.conversation_id = ANY(%(del)b::text[])
 ), dc AS (
-    DELETE FROM conversation USING c WHERE conversation.id = ANY(%(del)s::text[])
+    DELETE FROM conversation USING c WHERE conversation.id = ANY(%(del)b::text[])
 ), a AS (
     INSERT INTO a2a_task (id, context_id, conversation_id, state, created_at, updated_at,
                           first_seq, seq, payload)
     SELECT r.id, r.ctx, r.cid, r.state, %(now)s, %(now)s, c.base + r.rel, c.base + r.rel, r.payload
-    FROM c, unnest(%(a_id)s::text[], %(a_ctx)s::text[], %(a_cid)s::text[], %(a_state)s::text[],
-                   %(a_rel)s::bigint[], %(a_payload)s::bytea[]) AS r(id, ctx, cid, state, rel, payload)
+    FROM c, unnest(%(a_id)b::text[], %(a_ctx)b::text[], %(a_cid)b::text[], %(a_state)b::text[],
+                   %(a_rel)b::bigint[], %(a_payload)b::bytea[]) AS r(id, ctx, cid, state, rel, payload)
     ON CONFLICT (id) DO UPDATE
         SET conversation_id = EXCLUDED.conversation_id, state = EXCLUDED.state,
             updated_at = EXCLUDED.updated_at, seq = EXCLUDED.seq, payload = EXCLUDED.payload

@@ -1,0 +1,206 @@
+"""PostgreSQL scenarios (issue 17): durable events/s (group commit vs one commit per event, same
+run) and durable fan-out to 100 SSE streams through 2 nodes vs 1. They need PostgreSQL at
+``AGENTIK_BENCH_PG_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``); each run works
+in a fresh schema and drops it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import trio
+
+from agentik.storage import ops
+from agentik.storage.actor import Storage, run_storage
+from agentik.wire import Text, UserMessage
+from benchmarks.serverproc import spawn_server
+from benchmarks.web import TIMEOUT, UNLIMITED, _create, _send
+from tests.scripted_openai import open_scripted_openai
+from tests.webutil import open_sse
+
+BASE_URL = os.environ.get("AGENTIK_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@contextmanager
+def pg_schema() -> Iterator[str]:
+    """A fresh schema; yields a URL whose search_path points at it."""
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(BASE_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")  # type: ignore[arg-type]
+    sep = "&" if "?" in BASE_URL else "?"
+    try:
+        yield f"{BASE_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(BASE_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")  # type: ignore[arg-type]
+
+
+async def _durable_events_per_s(url: str, *, max_batch: int, writers: int,
+                                per_writer: int) -> tuple[float, int]:
+    async with trio.open_nursery() as nursery:
+        storage: Storage = await nursery.start(
+            partial(run_storage, "unused.db", database_url=url, max_batch=max_batch)
+        )
+        await storage.write(ops.CreateConversation(conversation_id="c", title=None,
+                                                   is_temporal=False, system_prompt="s"))
+        message = UserMessage(content=[Text(body="x" * 200)])
+
+        async def writer(w: int) -> None:
+            for i in range(per_writer):
+                await storage.write(ops.AppendUserMessage(
+                    conversation_id="c", message_id=f"{w}-{i}", message=message))
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as inner:
+            for w in range(writers):
+                inner.start_soon(writer, w)
+        elapsed = time.perf_counter() - start
+        largest = storage.stats.largest_batch
+        nursery.cancel_scope.cancel()
+    return writers * per_writer / elapsed, largest
+
+
+async def pg_group_commit(quick: bool) -> dict[str, Any]:
+    """Durable events/s through the PostgreSQL StorageActor (each event: a journal row, an outbox
+    row, a turn row and the conversation's seq, in the one-statement commit that bumps the
+    counter), 256 concurrent writers: group commit (batches up to 512) vs one commit per event
+    (max_batch=1, 64 writers), same run; events reach the node's hub through its feed before a
+    writer is answered."""
+    per_writer = 10 if quick else 40
+    with pg_schema() as url:
+        grouped, largest = await _durable_events_per_s(url, max_batch=512, writers=256,
+                                                       per_writer=per_writer)
+    with pg_schema() as url:
+        single, _ = await _durable_events_per_s(url, max_batch=1, writers=64,
+                                                per_writer=per_writer)
+    return {
+        "name": "pg_group_commit",
+        "events_per_s": round(grouped),
+        "largest_batch": largest,
+        "baseline_events_per_s": round(single),
+        "ratio": round(grouped / single, 1),
+    }
+
+
+@asynccontextmanager
+async def _nodes(url: str, n: int, openai_base_url: str, tmp: str) -> AsyncIterator[list[Any]]:
+    async with trio.open_nursery() as nursery:
+        servers: list[Any] = []
+        ready = trio.Event()
+
+        async def one(i: int) -> None:
+            env = {"AGENTIK_DATABASE_URL": url, "AGENTIK_NODE_ID": f"bench-{i}",
+                   "AGENTIK_MAILBOX_SIZE": "1000"}
+            async with spawn_server(str(Path(tmp) / f"{i}.db"), openai_base_url=openai_base_url,
+                                    env=env) as server:
+                servers.append(server)
+                if len(servers) == n:
+                    ready.set()
+                await trio.sleep_forever()
+
+        for i in range(n):
+            nursery.start_soon(one, i)
+        await ready.wait()
+        yield sorted(servers, key=lambda s: s.env["AGENTIK_NODE_ID"])
+        nursery.cancel_scope.cancel()
+
+
+async def _fanout(n_nodes: int, streams: int, messages: int) -> dict[str, float]:
+    async with open_scripted_openai() as scripted:
+        with pg_schema() as url, tempfile.TemporaryDirectory() as tmp:
+            async with _nodes(url, n_nodes, scripted.base_url, tmp) as servers:
+                clients = [httpx2.AsyncClient(base_url=s.url, timeout=TIMEOUT, limits=UNLIMITED)
+                           for s in servers]
+                try:
+                    writer = clients[0]  # one node writes (it owns the conversations)
+                    cids = [await _create(writer) for _ in range(8)]
+                    cursor = (await writer.get("/agentik/cursor")).json()["current"]
+                    ready = trio.Event()
+                    connected = 0
+                    done = trio.Event()
+                    finished = 0
+                    target = [0]
+                    #: per stream: (offset, receipt time) of every durable event
+                    seen: list[list[tuple[int, float]]] = []
+
+                    async def watch(client: httpx2.AsyncClient) -> None:
+                        nonlocal connected, finished
+                        mine: list[tuple[int, float]] = []
+                        seen.append(mine)
+                        async with open_sse(client, "/agentik/events", after=cursor) as sse:
+                            connected += 1
+                            if connected == streams:
+                                ready.set()
+                            while True:
+                                frame = await sse.next_event()
+                                if frame.id is None:
+                                    continue
+                                offset = int(frame.id.rsplit(":", 1)[1])
+                                mine.append((offset, time.perf_counter()))
+                                if target[0] and offset >= target[0]:
+                                    finished += 1
+                                    if finished == streams:
+                                        done.set()
+                                    return
+
+                    with trio.fail_after(300):
+                        async with trio.open_nursery() as nursery:
+                            for i in range(streams):
+                                nursery.start_soon(watch, clients[i % n_nodes])
+                            await ready.wait()
+                            start = time.perf_counter()
+                            async with trio.open_nursery() as senders:
+                                for k in range(4):
+                                    async def send_some(k: int = k) -> None:
+                                        for i in range(messages // 4):
+                                            await _send(writer, cids[(k + i) % 8], f"m{k}-{i}")
+                                    senders.start_soon(send_some)
+                            # every turn answered: the head stops moving once the last answer is in
+                            head = -1
+                            while True:
+                                await trio.sleep(0.5)
+                                now = int((await writer.get("/agentik/cursor")).json()["current"]
+                                          .rsplit(":", 1)[1])
+                                if now == head:
+                                    break
+                                head = now
+                            target[0] = head
+                            # one more event, for streams that were past the head before it was known
+                            await _send(writer, cids[0], "end")
+                            await done.wait()
+                            nursery.cancel_scope.cancel()
+                finally:
+                    for client in clients:
+                        await client.aclose()
+    head = target[0]
+    last = [min(t for o, t in mine if o >= head) for mine in seen]
+    delivered = sum(1 for mine in seen for o, _ in mine if o <= head)
+    elapsed = max(last) - start
+    return {"deliveries_per_s": delivered / elapsed, "events": float(delivered / streams),
+            "seconds": elapsed}
+async def pg_fanout(quick: bool) -> dict[str, Any]:
+    """Durable events fanned out to 100 SSE streams (``/agentik/events``), all on one node vs
+    split over 2 nodes (50 + 50; the second node gets every event through its feed), while 4
+    senders put messages (echo answers) to 8 conversations on the first node. Deliveries/s =
+    events x streams / (first send -> every stream past the last answer)."""
+    messages = 40 if quick else 200
+    one = await _fanout(1, 100, messages)
+    two = await _fanout(2, 100, messages)
+    return {
+        "name": "pg_fanout",
+        "streams": 100,
+        "one_node_deliveries_per_s": round(one["deliveries_per_s"]),
+        "two_nodes_deliveries_per_s": round(two["deliveries_per_s"]),
+        "ratio": round(two["deliveries_per_s"] / one["deliveries_per_s"], 2),
+        "events": int(two["events"]),
+    }
