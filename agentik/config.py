@@ -15,6 +15,9 @@ T = TypeVar("T")
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
+#: what a send does when the conversation is running a turn (SPEC §6 ``on_busy``)
+BUSY_POLICIES = ("queue", "reject", "interrupt")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
@@ -74,6 +77,16 @@ class Config:
     #: the A2A agent card's name and description (SPEC §11)
     agent_name: str = "agentik"
     agent_description: str = "An agentik agent: conversations with an LLM and its MCP tools"
+    # --- running it in production (issue 14; docs/CONFIG.md) ---
+    #: origins allowed to call the API from a browser ("*": any, without credentials); empty: no
+    #: CORS headers at all
+    cors_origins: tuple[str, ...] = ()
+    #: what a send to a conversation with a running turn does unless it says: queue, reject, interrupt
+    busy_policy: str = "queue"
+    #: seconds an Idempotency-Key is remembered
+    idempotency_ttl: float = 24 * 3600.0
+    #: server log lines: text (default) or json (one object a line)
+    log_format: str = "text"
     # --- scale-out on PostgreSQL (SPEC §12, docs/SCALEOUT.md) ---
     #: libpq URL of a PostgreSQL database; when set it replaces the SQLite file (db_path)
     database_url: str | None = None
@@ -134,6 +147,10 @@ class Config:
         get("AGENTIK_KEEP_ALIVE_TIMEOUT", "keep_alive_timeout", _positive_float)
         get("AGENTIK_AGENT_NAME", "agent_name", _non_empty)
         get("AGENTIK_AGENT_DESCRIPTION", "agent_description", _non_empty)
+        get("AGENTIK_CORS_ORIGINS", "cors_origins", _origins)
+        get("AGENTIK_BUSY_POLICY", "busy_policy", _choice(*BUSY_POLICIES))
+        get("AGENTIK_IDEMPOTENCY_TTL", "idempotency_ttl", _positive_float)
+        get("AGENTIK_LOG_FORMAT", "log_format", _choice("text", "json"))
         get("AGENTIK_DATABASE_URL", "database_url", _postgres_url)
         get("AGENTIK_NODE_ID", "node_id", str)
         get("AGENTIK_LEASE_TTL", "lease_ttl", _positive_float)
@@ -188,6 +205,16 @@ def _url(raw: str) -> str:
     if not raw.startswith(("http://", "https://")):
         raise ValueError("must start with http:// or https://")
     return raw
+
+
+def _origins(raw: str) -> tuple[str, ...]:
+    origins = tuple(o.strip().rstrip("/") for o in raw.split(",") if o.strip())
+    if not origins:
+        raise ValueError("no origin in the list")
+    for origin in origins:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise ValueError(f"origin {origin!r} must be * or start with http:// or https://")
+    return origins
 
 
 def _tokens(raw: str) -> tuple[str, ...]:

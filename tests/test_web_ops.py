@@ -107,3 +107,63 @@ async def test_metrics_need_the_token(tmp_path: Any, openai: ScriptedOpenAI) -> 
             assert (await http.get("/metrics")).status_code == 401
             ok = await http.get("/metrics", headers={"Authorization": "Bearer s3cret"})
             assert ok.status_code == 200 and "agentik_turns_total" in ok.text
+
+
+# --- CORS ----------------------------------------------------------------------------------------
+
+APP = "https://app.example"
+PREFLIGHT = {
+    "Origin": APP,
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type, idempotency-key",
+}
+
+
+async def test_cors_preflight_without_token_only_for_allowed_origins(
+    tmp_path: Any, openai: ScriptedOpenAI
+) -> None:
+    config = make_config(tmp_path, openai, tokens=("s3cret",), cors_origins=(APP,))
+    async with serve_app(config) as served:
+        async with httpx2.AsyncClient(base_url=served.url, timeout=10) as http:
+            path = "/agentik/conversations/abc/messages"
+            ok = await http.options(path, headers=PREFLIGHT)
+            assert ok.status_code == 204
+            assert ok.headers["access-control-allow-origin"] == APP
+            allowed = {h.strip().lower() for h in
+                       ok.headers["access-control-allow-headers"].split(",")}
+            assert {"authorization", "content-type", "last-event-id", "idempotency-key",
+                    "x-client-id"} <= allowed
+            assert "POST" in ok.headers["access-control-allow-methods"]
+
+            other = await http.options(path, headers={**PREFLIGHT, "Origin": "https://evil.example"})
+            assert not [h for h in other.headers if h.lower().startswith("access-control-")]
+
+            # an actual request (a 401 here) carries the origin and the exposed headers
+            denied = await http.get("/agentik", headers={"Origin": APP})
+            assert denied.status_code == 401
+            assert denied.headers["access-control-allow-origin"] == APP
+            exposed = {h.strip().lower() for h in
+                       denied.headers["access-control-expose-headers"].split(",")}
+            assert {"retry-after", "x-agentik-cursor"} <= exposed
+            foreign = await http.get("/agentik", headers={"Origin": "https://evil.example",
+                                                          "Authorization": "Bearer s3cret"})
+            assert foreign.status_code == 200
+            assert "access-control-allow-origin" not in foreign.headers
+
+
+async def test_cors_star_allows_any_origin_without_credentials(
+    tmp_path: Any, openai: ScriptedOpenAI
+) -> None:
+    async with serve_app(make_config(tmp_path, openai, cors_origins=("*",))) as served:
+        async with httpx2.AsyncClient(base_url=served.url, timeout=10) as http:
+            ok = await http.options("/agentik/conversations", headers=PREFLIGHT)
+            assert ok.status_code == 204
+            assert ok.headers["access-control-allow-origin"] == "*"
+            assert "access-control-allow-credentials" not in ok.headers
+
+
+async def test_no_cors_setting_no_cors_headers(client: httpx2.AsyncClient) -> None:
+    response = await client.options("/agentik/conversations", headers=PREFLIGHT)
+    assert not [h for h in response.headers if h.lower().startswith("access-control-")]
+    plain = await client.get("/agentik", headers={"Origin": APP})
+    assert not [h for h in plain.headers if h.lower().startswith("access-control-")]

@@ -22,7 +22,7 @@ from werkzeug.exceptions import HTTPException
 from agentik.a2a import runtime as a2a_web
 from agentik.config import Config
 from agentik.errors import AgentikError
-from agentik.web import auth, lifespan, logsafe, process
+from agentik.web import auth, cors, lifespan, logsafe, process
 from agentik.web._state import (
     WebState,
     error_response,
@@ -115,6 +115,9 @@ def create_app(
 async def _before_request() -> Response | None:
     """Auth for every route but ``/healthz`` and ``auth.PUBLIC_ENDPOINTS``."""
     g.agentik_started = time.perf_counter()
+    preflight = _cors_preflight()
+    if preflight is not None:
+        return preflight
     if request.path == "/healthz" or request.endpoint in auth.PUBLIC_ENDPOINTS:
         return None
     st = state()
@@ -131,7 +134,28 @@ async def _before_request() -> Response | None:
     return None
 
 
+def _cors_origins() -> tuple[str, ...]:
+    config = state().config
+    return () if config is None else config.cors_origins
+
+
+def _cors_preflight() -> Response | None:
+    """A CORS preflight is answered here, before auth (agentik.web.cors)."""
+    origins = _cors_origins()
+    origin = request.headers.get("Origin")
+    if not origins or not cors.is_preflight(
+        request.method, origin, request.headers.get("Access-Control-Request-Method")
+    ):
+        return None
+    return Response(b"", status=204, headers=cors.preflight_headers(origins, origin) or {})
+
+
 async def _after_request(response: Response) -> Response:
+    origins = _cors_origins()
+    if origins and request.method != "OPTIONS":
+        for name, value in (cors.response_headers(origins, request.headers.get("Origin"))
+                            or {}).items():
+            response.headers[name] = value
     if _unread_body():
         # Answered without reading the body (413, 401, 404, a GET with a body, ...): the rest
         # of it may still be on the connection, which then cannot carry another request.
