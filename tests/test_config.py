@@ -36,6 +36,8 @@ EVERY_VARIABLE = {
     "AGENTIK_AGENT_DESCRIPTION": "answers questions",
     "AGENTIK_DATABASE_URL": "postgresql://u@h/db", "AGENTIK_NODE_ID": "n1",
     "AGENTIK_LEASE_TTL": "2.5", "AGENTIK_NODE_URL": "http://10.0.0.1:8080",
+    "AGENTIK_CORS_ORIGINS": "https://a.example/, http://b.example:3000",
+    "AGENTIK_BUSY_POLICY": "Reject", "AGENTIK_IDEMPOTENCY_TTL": "60", "AGENTIK_LOG_FORMAT": "json",
 }
 
 
@@ -72,6 +74,8 @@ def test_reads_every_variable() -> None:
     assert (cfg.max_output_tokens, cfg.summary_max_tokens) == (512, 128)
     assert cfg.keep_alive_timeout == 12.5
     assert (cfg.agent_name, cfg.agent_description) == ("helper", "answers questions")
+    assert cfg.cors_origins == ("https://a.example", "http://b.example:3000")
+    assert (cfg.busy_policy, cfg.idempotency_ttl, cfg.log_format) == ("reject", 60.0, "json")
     assert (cfg.database_url, cfg.node_id, cfg.lease_ttl, cfg.node_url) == (
         "postgresql://u@h/db", "n1", 2.5, "http://10.0.0.1:8080")
     # and each one landed: no field kept its default
