@@ -116,6 +116,7 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
     hc.accesslog = None  # agentik logs one line per request itself
     hc.graceful_timeout = graceful_timeout
     hc.keep_alive_timeout = config.keep_alive_timeout
+    hc.backlog = config.backlog
     # agentik's own check closes oversized messages with 1009 cleanly (waiting for the client's
     # close reply); hypercorn's limit, which just drops the connection, is only a backstop for
     # messages far over it.

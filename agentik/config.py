@@ -74,6 +74,9 @@ class Config:
     #: seconds an idle keep-alive HTTP connection is kept open (``agentik serve``; hypercorn's
     #: ``keep_alive_timeout``)
     keep_alive_timeout: float = 5.0
+    #: listen queue length of ``agentik serve``'s socket (hypercorn's default, 100, overflows when
+    #: a few hundred clients connect at once: dropped SYNs are retried after 1 s)
+    backlog: int = 1024
     #: the A2A agent card's name and description (SPEC §11)
     agent_name: str = "agentik"
     agent_description: str = "An agentik agent: conversations with an LLM and its MCP tools"
@@ -145,6 +148,7 @@ class Config:
         get("AGENTIK_RESTART_PERIOD", "restart_period", _positive_float)
         get("AGENTIK_MAX_BODY_BYTES", "max_body_bytes", _positive_int)
         get("AGENTIK_KEEP_ALIVE_TIMEOUT", "keep_alive_timeout", _positive_float)
+        get("AGENTIK_BACKLOG", "backlog", _positive_int)
         get("AGENTIK_AGENT_NAME", "agent_name", _non_empty)
         get("AGENTIK_AGENT_DESCRIPTION", "agent_description", _non_empty)
         get("AGENTIK_CORS_ORIGINS", "cors_origins", _origins)

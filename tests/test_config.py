@@ -32,7 +32,8 @@ EVERY_VARIABLE = {
     "AGENTIK_MAX_BATCH": "64", "AGENTIK_SUBSCRIBER_BUFFER": "128", "AGENTIK_RESTART_LIMIT": "9",
     "AGENTIK_RESTART_PERIOD": "30", "AGENTIK_MAX_BODY_BYTES": "2048",
     "AGENTIK_MAX_OUTPUT_TOKENS": "512", "AGENTIK_SUMMARY_MAX_TOKENS": "128",
-    "AGENTIK_KEEP_ALIVE_TIMEOUT": "12.5", "AGENTIK_AGENT_NAME": "helper",
+    "AGENTIK_KEEP_ALIVE_TIMEOUT": "12.5", "AGENTIK_BACKLOG": "2048",
+    "AGENTIK_AGENT_NAME": "helper",
     "AGENTIK_AGENT_DESCRIPTION": "answers questions",
     "AGENTIK_DATABASE_URL": "postgresql://u@h/db", "AGENTIK_NODE_ID": "n1",
     "AGENTIK_LEASE_TTL": "2.5", "AGENTIK_NODE_URL": "http://10.0.0.1:8080",
@@ -72,7 +73,7 @@ def test_reads_every_variable() -> None:
     assert (cfg.max_batch, cfg.subscriber_buffer) == (64, 128)
     assert (cfg.restart_limit, cfg.restart_period, cfg.max_body_bytes) == (9, 30.0, 2048)
     assert (cfg.max_output_tokens, cfg.summary_max_tokens) == (512, 128)
-    assert cfg.keep_alive_timeout == 12.5
+    assert cfg.keep_alive_timeout == 12.5 and cfg.backlog == 2048
     assert (cfg.agent_name, cfg.agent_description) == ("helper", "answers questions")
     assert cfg.cors_origins == ("https://a.example", "http://b.example:3000")
     assert (cfg.busy_policy, cfg.idempotency_ttl, cfg.log_format) == ("reject", 60.0, "json")
