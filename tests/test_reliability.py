@@ -155,8 +155,9 @@ def check_history(records: list[dict[str, Any]], log: EventLog, acked: set[str])
 # --- kill -9 under load ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
 async def test_kill9_under_load_loses_nothing_acknowledged(
-    tmp_path: Path, openai: ScriptedOpenAI
+    tmp_path: Path, openai: ScriptedOpenAI, engine: str, request: pytest.FixtureRequest
 ) -> None:
     """Senders and an SSE reader hammer a subprocess server; it is SIGKILLed at a random moment
     (seeded), restarted on the same database, and after each restart: every 202-acknowledged
@@ -170,8 +171,12 @@ async def test_kill9_under_load_loses_nothing_acknowledged(
     acked: set[str] = set()
     log = EventLog()
     db = str(tmp_path / "kill.db")
-    async with spawn_server(db, openai_base_url=openai.base_url,
-                            env={"AGENTIK_MAILBOX_SIZE": "64"}) as srv:
+    env = {"AGENTIK_MAILBOX_SIZE": "64"}
+    if engine == "postgres":  # the same rounds on PostgreSQL; a fixed node id, as a restarted
+        # node with one closes its own dead incarnation's turns at start-up
+        env |= {"AGENTIK_DATABASE_URL": request.getfixturevalue("pg_url"),
+                "AGENTIK_NODE_ID": "kill-node"}
+    async with spawn_server(db, openai_base_url=openai.base_url, env=env) as srv:
         async with httpx2.AsyncClient(base_url=srv.url, timeout=10) as client:
             log.epoch, log.last = await head(client)
             cids = [await create(client) for _ in range(4)]
