@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -98,9 +98,14 @@ def _serve_command(args: argparse.Namespace) -> int:
 
 async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float = 3.0) -> int:
     """Serve ``create_app(config)`` with hypercorn until SIGINT/SIGTERM (returns 0) or until the
-    runtime dies (returns 1). Returns 1 if the runtime cannot start."""
+    runtime dies (returns 1). A start-up failure prints one line and nothing after it: 2 for a
+    bad setting (the line names the variable) or a port in use (the line names the port), 1 for
+    anything else (a database in use by another server, ...)."""
+    import errno
+
     import hypercorn.config
-    import hypercorn.trio
+    import hypercorn.trio.run
+    from hypercorn.utils import wrap_app
 
     from agentik.web.app import create_app
     from agentik.web.lifespan import describe
@@ -110,7 +115,7 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
     def on_fatal(exc: BaseException) -> None:
         died.set()  # the shutdown trigger below stops hypercorn gracefully
 
-    app = create_app(config, on_fatal=on_fatal)
+    app = create_app(config, on_fatal=on_fatal, report_startup=False)
     hc = hypercorn.config.Config()
     hc.bind = [f"{host}:{config.port}"]
     hc.accesslog = None  # agentik logs one line per request itself
@@ -121,6 +126,24 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
     # close reply); hypercorn's limit, which just drops the connection, is only a backstop for
     # messages far over it.
     hc.websocket_max_message_size = 2 * config.max_body_bytes
+
+    # Bind before the runtime starts: a port in use is one clear line, not a runtime started
+    # for nothing and a traceback.
+    try:
+        sockets = hc.create_sockets()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            print(f"agentik: port {config.port} on {host} is already in use: stop the other "
+                  "server or choose another port (AGENTIK_PORT or --port)", file=sys.stderr)
+        else:
+            print(f"agentik: cannot listen on {host}:{config.port}: {exc.strerror or exc}",
+                  file=sys.stderr)
+        return 2
+    for sock in sockets.insecure_sockets:
+        sock.listen(hc.backlog)
+    # hypercorn logs "Running on ..." even when the lifespan start-up has just failed.
+    quiet = _DropWhile(lambda: app.agentik.startup_error is not None)
+    logging.getLogger("hypercorn.error").addFilter(quiet)
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
@@ -141,11 +164,31 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
                 nursery.start_soon(on_death)
 
         try:
-            await hypercorn.trio.serve(app, hc, shutdown_trigger=shutdown_trigger)
+            await hypercorn.trio.run.worker_serve(
+                wrap_app(app, hc.wsgi_max_body_size, None), hc, sockets=sockets,
+                shutdown_trigger=shutdown_trigger,
+            )
         except Exception as exc:
-            print(f"agentik: {describe(exc)}", file=sys.stderr)
+            cause = app.agentik.startup_error
+            if isinstance(cause, ConfigError):
+                print(f"agentik: bad configuration: {cause}", file=sys.stderr)
+                return 2
+            print(f"agentik: cannot start: {describe(cause or exc)}", file=sys.stderr)
             return 1
+        finally:
+            logging.getLogger("hypercorn.error").removeFilter(quiet)
+            for sock in sockets.insecure_sockets:
+                sock.close()
     return 1 if died.is_set() else 0
+
+
+class _DropWhile(logging.Filter):
+    def __init__(self, drop: Callable[[], bool]) -> None:
+        super().__init__()
+        self._drop = drop
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self._drop()
 
 
 if __name__ == "__main__":

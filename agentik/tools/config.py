@@ -60,6 +60,23 @@ class _File(msgspec.Struct, frozen=True):
     mcpServers: dict[str, Any]  # the key Claude Desktop writes
 
 
+_BYTE = re.compile(r"\s*\(byte (\d+)\)$")
+
+
+def _located(exc: msgspec.DecodeError, data: bytes | str) -> str:
+    """msgspec's message with its byte offset given as line and column (1-based), as an editor
+    shows them."""
+    text = str(exc)
+    match = _BYTE.search(text)
+    if match is None:
+        return text
+    raw = data.encode() if isinstance(data, str) else data
+    before = raw[: int(match.group(1))]
+    line = before.count(b"\n") + 1
+    column = len(before) - (before.rfind(b"\n") + 1) + 1
+    return f"{text[: match.start()]} at line {line}, column {column}"
+
+
 def parse_mcp_config(data: bytes | str, source: str = "the file") -> dict[str, ServerConfig]:
     """Parse the text of an ``mcp.json``; ``source`` names it in messages. Returns the servers in
     file order. Raises ConfigError naming the server and the field."""
@@ -68,7 +85,9 @@ def parse_mcp_config(data: bytes | str, source: str = "the file") -> dict[str, S
     except msgspec.ValidationError as exc:
         raise ConfigError(VARIABLE, f"{source}: {_field_message(exc)}") from None
     except msgspec.DecodeError as exc:
-        raise ConfigError(VARIABLE, f"{source} is not valid JSON: {exc}") from None
+        raise ConfigError(VARIABLE, f"{source} is not valid JSON: {_located(exc, data)}") from None
+    except RecursionError:
+        raise ConfigError(VARIABLE, f"{source} is not valid JSON: nested too deeply") from None
     return {name: _parse_server(name, entry) for name, entry in parsed.mcpServers.items()}
 
 

@@ -47,6 +47,11 @@ class WebState:
     on_fatal: Callable[[BaseException], None]
     #: catch SIGTERM in a hypercorn worker (see agentik.web.process.watch_sigterm)
     handle_sigterm: bool = True
+    #: log a start-up failure here (False: the embedding server, ``agentik serve``, prints it as
+    #: its one line from ``startup_error``)
+    report_startup: bool = True
+    #: why the runtime could not start (set before start-up fails)
+    startup_error: BaseException | None = None
     agent: LocalAgent | None = None
     #: set when the runtime died while serving (the server is on its way out)
     died: BaseException | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 from quart import Response, g, request
@@ -66,6 +66,13 @@ class AgentikApp(QuartTrio):
             send = shield_response_end(send)  # see agentik.web.keepalive
         await super().__call__(scope, receive, send)
 
+    def log_exception(self, exception_info: Any) -> None:
+        """Quart logs a failed ``before_serving`` with its traceback; a start-up failure of ours
+        was already reported in one line (``lifespan.start_runtime``)."""
+        if isinstance(exception_info[1], lifespan.StartupFailed):
+            return
+        super().log_exception(exception_info)
+
 
 def create_app(
     config: Config | None = None,
@@ -74,6 +81,7 @@ def create_app(
     *,
     heartbeat: float = 15.0,
     on_fatal: Callable[[BaseException], None] | None = None,
+    report_startup: bool = True,
     handle_sigterm: bool = True,
 ) -> AgentikApp:
     """Build the app. ``config=None`` reads the environment at start-up (not at import), so a bad
@@ -84,6 +92,7 @@ def create_app(
     st = app.agentik = WebState(
         config=config, llm=llm, tools=tools, heartbeat=heartbeat,
         on_fatal=on_fatal or process.exit_process, handle_sigterm=handle_sigterm,
+        report_startup=report_startup,
     )
     # Unhandled errors become our JSON 500 (never re-raised into hypercorn), even in debug.
     app.config["PROPAGATE_EXCEPTIONS"] = False

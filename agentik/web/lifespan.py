@@ -29,6 +29,11 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+class StartupFailed(RuntimeError):
+    """The runtime could not start; the reason was reported once already (not logged again with
+    a traceback: ``AgentikApp.log_exception``)."""
+
+
 async def start_runtime(app: QuartTrio, st: WebState) -> None:
     """before_serving. Raises RuntimeError with a one-line message if the runtime cannot start
     (hypercorn reports it and exits non-zero)."""
@@ -40,10 +45,12 @@ async def start_runtime(app: QuartTrio, st: WebState) -> None:
         await app.nursery.start(hold_runtime, st, st.config)
     except Exception as exc:
         message = f"agentik cannot start: {describe(exc)}"
-        log.critical(message)
+        st.startup_error = exc
+        if st.report_startup:
+            log.critical(message)
         if process.supervisor_pid() is not None:
             process.terminate(1)  # a worker of hypercorn's supervisor: see terminate
-        raise RuntimeError(message) from None
+        raise StartupFailed(message) from None
     log.info("agentik runtime started (database %s, epoch %s)", st.config.db_path, st.hub.epoch)
 
 

@@ -125,9 +125,10 @@ class LiteRtLlm:
             )
         path = Path(raw).expanduser()
         if not path.is_file():
-            what = "is a directory, not" if path.is_dir() else "does not exist: no"
+            what = "is a directory" if path.is_dir() else "does not exist"
             raise ConfigError(
-                "AGENTIK_LITERT_MODEL_PATH", f"{str(path)!r} {what} a .litertlm model file"
+                "AGENTIK_LITERT_MODEL_PATH",
+                f"{str(path)!r} {what}: set it to the path of a .litertlm model file",
             )
         threads = cfg.litert_threads
         if threads < 1:
