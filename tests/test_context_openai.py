@@ -192,11 +192,11 @@ async def test_a_conversation_left_too_big_recovers_after_a_restart(
         for i, answer in enumerate([huge, None, None]):
             turn_id = f"turn{i}"
             text = [Text(body=f"question {i}")]
-            await agent.storage.write(ops.AppendUserMessage(
+            await agent._deps.storage.write(ops.AppendUserMessage(
                 conversation_id=conv_id, message_id=turn_id, message=UserMessage(content=text)))
-            await agent.storage.write(ops.StartTurn(conversation_id=conv_id, turn_id=turn_id,
+            await agent._deps.storage.write(ops.StartTurn(conversation_id=conv_id, turn_id=turn_id,
                                                     item=UserItem(content=text)))
-            await agent.storage.write(ops.FinishTurn(
+            await agent._deps.storage.write(ops.FinishTurn(
                 conversation_id=conv_id, turn_id=turn_id,
                 assistant=(f"a{i}", AssistantMessage(content=[Text(body=answer)]))
                 if answer else None,
