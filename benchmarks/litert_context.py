@@ -168,7 +168,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 async def litert_context(quick: bool) -> dict[str, Any]:
     """The ``litert_context`` row of ``python -m benchmarks``."""
-    args = parse_args(["--turns", "12" if quick else "30"])
+    args = parse_args(["--turns", "8" if quick else "30"])
     return {"name": "litert_context", **await main(args)}
 
 
