@@ -19,6 +19,7 @@ from agentik.cluster import forward
 from agentik.errors import InvalidInputError, NotFoundError, NotOwnerError, RuntimeClosedError
 from agentik.storage import ops
 from agentik.storage import queries as q
+from agentik.storage.writer import StoredEvent
 from agentik.wire import (
     ChatSnapshot,
     CommonEvent,
@@ -101,8 +102,32 @@ class Outbox:
     def conversation_events(
         self, after: Cursor | None, conversation_id: str
     ) -> AsyncGenerator[CommonEvent, None]:
-        """One conversation's durable events, including its own Renamed/Touched/Deleted."""
+        """One conversation's durable events, including its own Renamed/Touched; it ends after
+        the conversation's Deleted."""
         return self._hub.events(after, conversation_id=conversation_id)
+
+    # For transports (agentik.web): the same streams as stored, so they need not re-encode.
+
+    def resumable(self, after: Cursor | None) -> Cursor:
+        """``after`` (None: the current head) if a stream can start there. Raises OutboxGapError
+        at once, so a transport can answer before its stream starts."""
+        cursor = self._hub.current_cursor() if after is None else after
+        self._hub.check(cursor)
+        return cursor
+
+    def stored_batches(
+        self, after: Cursor, *, conversation_id: str | None = None, kind: str | None = None
+    ) -> AsyncGenerator[list[StoredEvent], None]:
+        """The durable events of ``events`` / ``agent_events`` (``kind="agent"``) /
+        ``conversation_events`` (``conversation_id``) in the batches they are committed in, each
+        event with its stored CommonEvent JSON (``raw``). Same order, errors and end; the
+        subscription is in place at the first step of the iteration (before it waits)."""
+        return self._hub.stream(after, conversation_id=conversation_id, kind=kind)
+
+    async def has_events_after(self, conversation_id: str, after: Cursor) -> bool:
+        """Whether events of ``conversation_id`` after ``after`` are stored (e.g. the Deleted of
+        a conversation that is gone now, still to be streamed to a client resuming there)."""
+        return await self._hub.has_events_after(conversation_id, after)
 
 
 class OnlineOutbox:

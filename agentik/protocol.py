@@ -218,11 +218,22 @@ class Events(Tagged, frozen=True, kw_only=True):
     events: list[CommonEvent]
 
 
+#: why a stream ended by itself: ``deleted`` (its conversation was deleted; after the Deleted
+#: event) or ``overflow`` (a live stream fell too far behind)
+EndedReason = Literal["deleted", "overflow"]
+
+
 class Ended(Tagged, frozen=True, kw_only=True):
-    """A subscription ended by itself. ``reason``: ``deleted`` (its conversation was deleted;
-    sent after the Deleted event) or ``overflow`` (a live stream fell too far behind)."""
+    """A subscription ended by itself; ``reason``: an :data:`EndedReason`."""
 
     subscription: str
+    reason: str
+
+
+class StreamEnded(Wire, frozen=True, kw_only=True):
+    """The data of the SSE ``event: ended`` frame, the last frame of a stream that ended by
+    itself; ``reason``: an :data:`EndedReason`."""
+
     reason: str
 
 

@@ -165,6 +165,10 @@ async def test_one_error_map_both_ways() -> None:
         assert http_status(exc) == row.status
         response = error_response(exc)
         assert response.status_code == row.status
+        if row.status in (429, 503):  # come back later: when, the header says
+            assert response.headers["Retry-After"] == "1"
+        if row.status == 401:
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
         back = error_from_response(row.status, await response.get_data(), response.headers)
         assert type(back) is row.error, (row, back)
 

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import agentik
-from agentik.client import AgentikAgent
+from agentik.client import AgentikAgent, BackoffPolicy, Connected, ReconnectingOutbox
 from agentik.config import Config
 from agentik.errors import InvalidInputError, MailboxFullError, NotFoundError, OutboxGapError
 from agentik.storage.hub import EventHub
@@ -44,12 +44,8 @@ class Harness:
     hub: EventHub  # the server-side hub, to wait for live subscriptions
 
     async def online_subscribed(self, conversation_id: str) -> None:
-        """Wait until a live subscription of the conversation is in place (bounded)."""
-        for _ in range(10_000):
-            if self.hub.online_subscribers(conversation_id):
-                return
-            await trio.sleep(0.001)
-        raise AssertionError("the online subscription never arrived")
+        """Wait until a live subscription of the conversation is in place."""
+        await self.hub.wait_online_subscribers(conversation_id)
 
 
 Opener = Callable[..., Any]
@@ -262,9 +258,11 @@ async def test_not_found(open_agent: Opener) -> None:
                 await conv.rename("bye")
                 assert isinstance((await events.__anext__()).event, Renamed)  # the stream is open
                 assert await agent.delete_conversation(conv.id)
-                # The conversation's own stream shows its deletion.
-                rest = [ce async for ce in _until_deleted(events)]
+                # The conversation's own stream shows its deletion, and then it ENDS: read to
+                # its end (fail_after bounds a stream that would stay open).
+                rest = [ce async for ce in events]
                 assert isinstance(rest[-1].event, Deleted)
+                assert not any(isinstance(ce.event, Deleted) for ce in rest[:-1])
             for call in (
                 lambda: conv.send("hi"),
                 lambda: conv.interrupt(),
@@ -277,12 +275,20 @@ async def test_not_found(open_agent: Opener) -> None:
                     await call()
 
 
-async def _until_deleted(events: Any) -> AsyncIterator[CommonEvent]:
-    for _ in range(100):
-        ce = await events.__anext__()
-        yield ce
-        if isinstance(ce.event, Deleted):
-            return
+async def test_reconnecting_stream_ends_after_deleted(open_agent: Opener) -> None:
+    """ReconnectingOutbox over either outbox: a conversation's stream ends after its Deleted
+    because the stream it reads ends (no reconnect, no status change), read to its end."""
+    with trio.fail_after(TIMEOUT):
+        async with open_agent() as h:
+            agent = h.agent
+            conv = await agent.create_conversation()
+            cursor = await agent.outbox.current_cursor()
+            async with ReconnectingOutbox(agent.outbox, policy=BackoffPolicy.fixed(0.01)) as recon:
+                async with recon.conversation_events(cursor, conv.id) as events:
+                    assert await agent.delete_conversation(conv.id)
+                    got = [ce async for ce in events]
+                assert isinstance(recon.status, Connected), recon.status
+            assert isinstance(got[-1].event, Deleted) and len(got) == 2
 
 
 async def test_mailbox_full(open_agent: Opener, scripted: ScriptedOpenAI) -> None:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import httpx2
@@ -11,6 +12,7 @@ import pytest
 import trio
 
 from agentik.tools.base import FunctionTools
+from agentik.web.app import create_app
 from agentik.wire import Cursor
 from tests.scripted_openai import Hang, Reply, ScriptedOpenAI
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
@@ -163,6 +165,19 @@ async def test_interrupt(client: httpx2.AsyncClient, openai: ScriptedOpenAI) -> 
     assert missing.status_code == 404
 
 
+async def test_not_running_is_503_with_retry_after(config: Any) -> None:
+    """Before the runtime runs (and after it stopped) every route answers 503 with Retry-After,
+    so clients and proxies come back instead of giving up."""
+    app = create_app(config, on_fatal=lambda exc: None, handle_sigterm=False)
+    client = app.test_client()
+    for method, path in (("GET", "/agentik"), ("POST", "/agentik/conversations"),
+                         ("GET", "/agentik/events")):
+        response = await client.open(path, method=method)
+        assert response.status_code == 503
+        assert response.headers["Retry-After"] == "1"
+        assert (await response.get_json())["error"]["code"] == "closed"
+
+
 async def test_mailbox_full_is_429(tmp_path: Any, openai: ScriptedOpenAI) -> None:
     async with serve_app(make_config(tmp_path, openai, mailbox_size=1)) as srv:
         async with httpx2.AsyncClient(base_url=srv.url, timeout=10) as http:
@@ -273,12 +288,14 @@ BAD_OFFSETS = [
 async def test_bad_input(
     client: httpx2.AsyncClient,
     server: Server,
+    caplog: pytest.LogCaptureFixture,
     method: str,
     path: str,
     kwargs: dict[str, Any],
     status: int,
     code: str,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="agentik.web.access")
     cid = (await create(client))["id"]
     epoch = server.agent.id
     kwargs = dict(kwargs)
@@ -296,18 +313,25 @@ async def test_bad_input(
             kwargs[key] = {k: v.format(epoch=epoch) for k, v in kwargs[key].items()}
     if "headers" in kwargs:  # non-ASCII values go as UTF-8, as a careless client sends them
         kwargs["headers"] = {k: v.encode() for k, v in kwargs["headers"].items()}
+    target = path.format(cid=cid)
     try:
-        response = await client.request(method.upper(), path.format(cid=cid), **kwargs)
-    except httpx2.WriteError:  # pragma: no cover - the server may close before the body is sent
-        pytest.skip("server closed the connection while the body was still being sent")
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/json")
-    error = response.json()["error"]
-    assert error["code"] == code
-    assert error["message"]
-    if status == 410:
-        assert error["oldest"] == f"{epoch}:0"
-        assert error["current"] == f"{epoch}:1"
+        response = await client.request(method.upper(), target, **kwargs)
+    except (httpx2.WriteError, httpx2.ReadError):
+        # The server answered a too-large body before the client had sent all of it, and closed
+        # the connection, so the client could not read the answer: what the server answered is
+        # in its access log (one line per request, written before the answer is sent).
+        assert status == 413
+        answered = [r.getMessage() for r in caplog.records if r.name == "agentik.web.access"]
+        assert any(line.startswith(f"POST {target} 413 ") for line in answered), answered
+    else:
+        assert response.status_code == status, response.text
+        assert response.headers["content-type"].startswith("application/json")
+        error = response.json()["error"]
+        assert error["code"] == code
+        assert error["message"]
+        if status == 410:
+            assert error["oldest"] == f"{epoch}:0"
+            assert error["current"] == f"{epoch}:1"
     # Nothing of that broke the server.
     assert (await client.get("/agentik/cursor")).status_code == 200
 

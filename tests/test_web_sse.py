@@ -189,7 +189,9 @@ async def test_conversation_stream_ends_after_delete(
         assert (await client.delete(f"/agentik/conversations/{cid}")).status_code == 204
         with trio.fail_after(10):
             frames = await stream.rest()
-    assert [f.event for f in frames] == ["conversation_closing", "deleted"]
+    # The stream says it ended by itself, then the response ends (stream.rest() returned).
+    assert [f.event for f in frames] == ["conversation_closing", "deleted", "ended"]
+    assert frames[-1].id is None and frames[-1].json() == {"reason": "deleted"}
 
 
 async def test_disconnect_releases_subscribers(
@@ -422,6 +424,6 @@ async def test_resuming_a_deleted_conversations_stream_shows_its_deletion(
     async with open_sse(client, path, after=cursor) as stream:
         with trio.fail_after(10):
             frames = await stream.rest()
-    assert [f.event for f in frames] == ["conversation_closing", "deleted"]
+    assert [f.event for f in frames] == ["conversation_closing", "deleted", "ended"]
     head = (await client.get("/agentik/cursor")).json()["current"]
     assert (await client.get(path, params={"after": head})).status_code == 404

@@ -53,7 +53,7 @@ class Server:
 
     @property
     def hub(self) -> EventHub:
-        return self.state.hub
+        return self.agent.hub
 
     @property
     def ws_url(self) -> str:

@@ -14,23 +14,25 @@ or in the middle (the server's ``event: gap`` frame).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
-from urllib.parse import quote
+from typing import Any
 
 import httpx2
-import msgspec
 
-from agentik.client.errors import AgentikConnectionError, ServerError, error_from_response, gap_from_frame
-from agentik.client.sse import parse_sse
+from agentik.client.errors import AgentikConnectionError, error_from_response
+from agentik.client.handles import (
+    HttpConversation,
+    HttpJournal,
+    HttpOnlineOutbox,
+    HttpOutbox,
+    conversation_path,
+)
+from agentik.client.streams import OnOpen, decode_answer, read_durable, read_live
 from agentik.errors import InvalidInputError, NotFoundError, RuntimeClosedError
 from agentik.protocol import (
     AgentInfo,
-    ConversationView,
-    CountResult,
     CreateConversationBody,
-    CursorPair,
     InterruptResult,
     MessageAccepted,
     RenameConversationBody,
@@ -38,39 +40,19 @@ from agentik.protocol import (
     ToolsStatus,
 )
 from agentik.wire import (
-    AGENT_EVENT_TYPES,
     ChatSnapshot,
     CommonEvent,
     Content,
     ConversationRecord,
     ConversationsSnapshot,
     Cursor,
-    Deleted,
     Image,
     MessageContext,
-    MessageRecord,
     Text,
-    decode_common_event,
     encode,
 )
 
-T = TypeVar("T")
-
-#: called with the stream's start cursor (None for live streams) once the server has subscribed
-OnOpen = Callable[[Cursor | None], None]
-
-_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
-
-
-def _decode(raw: bytes, into: type[T]) -> T:
-    decoder = _decoders.get(into)
-    if decoder is None:
-        decoder = _decoders[into] = msgspec.json.Decoder(into)
-    try:
-        result: T = decoder.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ServerError(f"unexpected answer from the server: {exc}", 200) from None
-    return result
+__all__ = ["AgentikAgent", "HttpConversation", "HttpJournal", "HttpOnlineOutbox", "HttpOutbox"]
 
 
 def _content(content: Sequence[Content] | Content | str) -> list[Content]:
@@ -89,142 +71,6 @@ def _api_root(base_url: str) -> str:
     """Accept both ``http://host:8080`` and ``http://host:8080/agentik`` (the seeds' form)."""
     root = base_url.rstrip("/")
     return root.removesuffix("/agentik")
-
-
-def _cid(conversation_id: str) -> str:
-    return quote(conversation_id, safe="")
-
-
-class HttpJournal:
-    """Journal reads by seq (``GET /agentik/journal``)."""
-
-    def __init__(self, agent: AgentikAgent) -> None:
-        self._agent = agent
-
-    async def list(
-        self,
-        conversation_id: str | None = None,
-        after_seq: int = 0,
-        up_to_seq: int | None = None,
-        limit: int = 100,
-    ) -> list[MessageRecord]:
-        params: dict[str, Any] = {"after_seq": after_seq, "limit": limit}
-        if conversation_id is not None:
-            params["conversation_id"] = conversation_id
-        if up_to_seq is not None:
-            params["up_to_seq"] = up_to_seq
-        raw = await self._agent._request("GET", "/agentik/journal", params=params)
-        return _decode(raw, list[MessageRecord])
-
-    async def count(self, conversation_id: str | None = None, after_seq: int = 0) -> int:
-        params: dict[str, Any] = {"after_seq": after_seq}
-        if conversation_id is not None:
-            params["conversation_id"] = conversation_id
-        raw = await self._agent._request("GET", "/agentik/journal/count", params=params)
-        return _decode(raw, CountResult).count
-
-
-class HttpOutbox:
-    """Durable events by cursor over SSE. Each ``events`` call opens one stream when first
-    iterated; close it with ``aclose()`` (or ``contextlib.aclosing``) when you stop early.
-
-    The iterators raise OutboxGapError for a dead cursor (410 before the stream, or an
-    ``event: gap`` frame during it) and AgentikConnectionError when the connection breaks or the
-    server ends the stream (e.g. at shutdown): resume with the cursor of the last event you
-    applied, or let :class:`~agentik.client.ReconnectingOutbox` do it. A conversation's stream
-    ends normally after that conversation's ``Deleted`` event.
-    """
-
-    def __init__(self, agent: AgentikAgent) -> None:
-        self._agent = agent
-
-    async def cursors(self) -> CursorPair:
-        raw = await self._agent._request("GET", "/agentik/cursor")
-        return _decode(raw, CursorPair)
-
-    async def current_cursor(self) -> Cursor:
-        return Cursor.parse((await self.cursors()).current)
-
-    async def oldest_cursor(self) -> Cursor:
-        return Cursor.parse((await self.cursors()).oldest)
-
-    def events(
-        self, after: Cursor | None = None, *, on_open: OnOpen | None = None
-    ) -> AsyncGenerator[CommonEvent, None]:
-        """Every durable event (agent and conversation) after ``after`` (None: from now)."""
-        return self._agent._durable("/agentik/events", after, None, on_open)
-
-    def agent_events(
-        self, after: Cursor | None = None, *, on_open: OnOpen | None = None
-    ) -> AsyncGenerator[CommonEvent, None]:
-        """Conversation-list events only: Created, Deleted, Renamed, Touched.
-
-        The server has no agent-only SSE route, so this filters the full stream client-side."""
-        return self._agent._agent_only(self.events(after, on_open=on_open))
-
-    def conversation_events(
-        self, after: Cursor | None, conversation_id: str, *, on_open: OnOpen | None = None
-    ) -> AsyncGenerator[CommonEvent, None]:
-        """One conversation's durable events, including its own Renamed/Touched/Deleted."""
-        path = f"/agentik/conversations/{_cid(conversation_id)}/events"
-        return self._agent._durable(path, after, conversation_id, on_open)
-
-
-class HttpOnlineOutbox:
-    def __init__(self, agent: AgentikAgent) -> None:
-        self._agent = agent
-
-    def online_events(
-        self, conversation_id: str, *, on_open: OnOpen | None = None
-    ) -> AsyncGenerator[CommonEvent, None]:
-        """Live-only events (Working, StartResponse, AppendText, End, ...); no cursor, no replay.
-        Ends when the server ends the stream (a reader too far behind); AgentikConnectionError
-        when the connection breaks. What was streamed while disconnected is lost: the durable
-        AssistantMessage always carries the whole answer."""
-        path = f"/agentik/conversations/{_cid(conversation_id)}/live"
-        return self._agent._live(path, on_open)
-
-
-class HttpConversation(ConversationView):
-    """A handle on one conversation (like :class:`agentik.agent.LocalConversation`)."""
-
-    def __init__(self, agent: AgentikAgent, record: ConversationRecord) -> None:
-        self._agent = agent
-        self.record = record
-        self._closed = False
-
-    @property
-    def supports_image_input(self) -> bool | None:
-        """From the agent info, once fetched (``await agent.info()``); None before."""
-        return self._agent.supports_image_input
-
-    async def send(
-        self, content: Sequence[Content] | Content | str, context: MessageContext | None = None
-    ) -> str:
-        """Queue a user message; returns its id once the server stored it (202). The answer
-        arrives as events. Raises MailboxFullError, NotFoundError, ConversationFailedError."""
-        return await self._agent.send(self.id, content, context)
-
-    async def interrupt(self) -> bool:
-        """Cancel the running turn (Interrupted event). Returns whether a turn was running."""
-        return await self._agent.interrupt(self.id)
-
-    async def get_messages(
-        self, after_seq: int = 0, offset: int = 0, limit: int = 100
-    ) -> list[MessageRecord]:
-        params = {"after_seq": after_seq, "offset": offset, "limit": limit}
-        raw = await self._agent._request(
-            "GET", f"/agentik/conversations/{_cid(self.id)}/messages", params=params
-        )
-        return _decode(raw, list[MessageRecord])
-
-    async def rename(self, title: str | None) -> ConversationRecord:
-        self.record = await self._agent.rename_conversation(self.id, title)
-        return self.record
-
-    async def close(self) -> None:
-        """Release this handle (idempotent). The conversation itself stays; see delete."""
-        self._closed = True
 
 
 class AgentikAgent:
@@ -303,33 +149,33 @@ class AgentikAgent:
     async def info(self) -> AgentInfo:
         """``GET /agentik``: id, name, version, capabilities, cursors. Also a quick check that
         the server is there and takes our token (AgentikConnectionError / AuthError)."""
-        self._info = _decode(await self._request("GET", "/agentik"), AgentInfo)
+        self._info = decode_answer(await self._request("GET", "/agentik"), AgentInfo)
         self._epoch = self._info.id
         return self._info
 
     async def tools(self) -> list[Any]:
         """``GET /agentik/tools``: the MCP servers with their state and tools."""
-        return _decode(await self._request("GET", "/agentik/tools"), ToolsStatus).servers
+        return decode_answer(await self._request("GET", "/agentik/tools"), ToolsStatus).servers
 
     # --- conversations ---------------------------------------------------------------------------
 
     async def create_conversation(self, temp: bool = False, title: str | None = None) -> HttpConversation:
         body = encode(CreateConversationBody(temp=temp, title=title))
         raw = await self._request("POST", "/agentik/conversations", content=body)
-        return HttpConversation(self, _decode(raw, ConversationRecord))
+        return HttpConversation(self, decode_answer(raw, ConversationRecord))
 
     async def get_conversation(self, conversation_id: str) -> HttpConversation | None:
         """None if there is no such conversation."""
         try:
-            raw = await self._request("GET", f"/agentik/conversations/{_cid(conversation_id)}")
+            raw = await self._request("GET", conversation_path(conversation_id))
         except NotFoundError:
             return None
-        return HttpConversation(self, _decode(raw, ConversationRecord))
+        return HttpConversation(self, decode_answer(raw, ConversationRecord))
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Delete it and everything of it. Returns False if it did not exist."""
         try:
-            await self._request("DELETE", f"/agentik/conversations/{_cid(conversation_id)}")
+            await self._request("DELETE", conversation_path(conversation_id))
         except NotFoundError:
             return False
         return True
@@ -338,13 +184,13 @@ class AgentikAgent:
         """Raises NotFoundError."""
         body = encode(RenameConversationBody(title=title))
         raw = await self._request(
-            "PATCH", f"/agentik/conversations/{_cid(conversation_id)}", content=body
+            "PATCH", conversation_path(conversation_id), content=body
         )
-        return _decode(raw, ConversationRecord)
+        return decode_answer(raw, ConversationRecord)
 
     async def interrupt(self, conversation_id: str) -> bool:
-        raw = await self._request("POST", f"/agentik/conversations/{_cid(conversation_id)}/interrupt")
-        return _decode(raw, InterruptResult).interrupted
+        raw = await self._request("POST", f"{conversation_path(conversation_id)}/interrupt")
+        return decode_answer(raw, InterruptResult).interrupted
 
     async def send(
         self,
@@ -354,23 +200,23 @@ class AgentikAgent:
     ) -> str:
         body = encode(SendMessageBody(content=_content(content), context=context))
         raw = await self._request(
-            "POST", f"/agentik/conversations/{_cid(conversation_id)}/messages", content=body
+            "POST", f"{conversation_path(conversation_id)}/messages", content=body
         )
-        return _decode(raw, MessageAccepted).message_id
+        return decode_answer(raw, MessageAccepted).message_id
 
     async def conversations_snapshot(self, offset: int = 0, limit: int = 100) -> ConversationsSnapshot:
         """The conversation list at a cursor: every change <= cursor is in it."""
         raw = await self._request(
             "GET", "/agentik/conversations", params={"offset": offset, "limit": limit}
         )
-        snapshot = _decode(raw, ConversationsSnapshot)
+        snapshot = decode_answer(raw, ConversationsSnapshot)
         self._epoch = snapshot.cursor.epoch
         return snapshot
 
     async def chat_snapshot(self, conversation_id: str) -> ChatSnapshot:
         """One conversation and all its messages at a cursor. Raises NotFoundError."""
-        raw = await self._request("GET", f"/agentik/conversations/{_cid(conversation_id)}/snapshot")
-        snapshot = _decode(raw, ChatSnapshot)
+        raw = await self._request("GET", f"{conversation_path(conversation_id)}/snapshot")
+        snapshot = decode_answer(raw, ChatSnapshot)
         self._epoch = snapshot.cursor.epoch
         return snapshot
 
@@ -397,75 +243,12 @@ class AgentikAgent:
             raise error_from_response(response.status_code, response.content, response.headers)
         return response.content
 
-    async def _durable(
-        self, path: str, after: Cursor | None, conversation_id: str | None, on_open: OnOpen | None
+    def _durable(
+        self, path: str, after: Cursor | None, on_open: OnOpen | None
     ) -> AsyncGenerator[CommonEvent, None]:
-        self._check_open()
-        params = {} if after is None else {"after": str(after)}
-        try:
-            async with self._http.stream(
-                "GET", path, params=params, timeout=self._stream_timeout,
-                headers={"Accept": "text/event-stream"},
-            ) as response:
-                if response.status_code != 200:
-                    raise error_from_response(
-                        response.status_code, await response.aread(), response.headers
-                    )
-                header = response.headers.get("X-Agentik-Cursor")
-                start = Cursor.parse(header) if header else after
-                async for frame in parse_sse(response.aiter_bytes()):
-                    if frame.comment is not None:
-                        if frame.comment == "connected" and on_open is not None:
-                            on_open(start)
-                        continue
-                    if frame.event == "gap":
-                        raise gap_from_frame(frame.data)
-                    try:
-                        event = decode_common_event(frame.data)
-                    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                        raise ServerError(f"malformed event from the server: {exc}", 200) from None
-                    yield event
-                    if (
-                        conversation_id is not None
-                        and isinstance(event.event, Deleted)
-                        and event.event.conversation_id == conversation_id
-                    ):
-                        return  # the server ends a conversation's stream after its deletion
-        except httpx2.TransportError as exc:
-            raise AgentikConnectionError(f"event stream {path} broke: {exc or type(exc).__name__}") from exc
-        # A clean end the protocol does not announce: the server is shutting down.
-        raise AgentikConnectionError(f"the server ended the event stream {path}")
+        return read_durable(
+            self._http, path, after, self._stream_timeout, on_open, self._check_open
+        )
 
-    async def _agent_only(
-        self, events: AsyncGenerator[CommonEvent, None]
-    ) -> AsyncGenerator[CommonEvent, None]:
-        try:
-            async for event in events:
-                if isinstance(event.event, AGENT_EVENT_TYPES):
-                    yield event
-        finally:
-            await events.aclose()
-
-    async def _live(self, path: str, on_open: OnOpen | None) -> AsyncGenerator[CommonEvent, None]:
-        self._check_open()
-        try:
-            async with self._http.stream(
-                "GET", path, timeout=self._stream_timeout, headers={"Accept": "text/event-stream"}
-            ) as response:
-                if response.status_code != 200:
-                    raise error_from_response(
-                        response.status_code, await response.aread(), response.headers
-                    )
-                async for frame in parse_sse(response.aiter_bytes()):
-                    if frame.comment is not None:
-                        if frame.comment == "connected" and on_open is not None:
-                            on_open(None)
-                        continue
-                    try:
-                        event = decode_common_event(frame.data)
-                    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                        raise ServerError(f"malformed event from the server: {exc}", 200) from None
-                    yield event
-        except httpx2.TransportError as exc:
-            raise AgentikConnectionError(f"live stream {path} broke: {exc or type(exc).__name__}") from exc
-
+    def _live(self, path: str, on_open: OnOpen | None) -> AsyncGenerator[CommonEvent, None]:
+        return read_live(self._http, path, self._stream_timeout, on_open, self._check_open)

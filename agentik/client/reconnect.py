@@ -16,8 +16,8 @@ statuses. A dropped connection (AgentikConnectionError) or a server that is star
 (503) is retried after ``policy``'s delay, resuming after the last event delivered. A dead
 cursor (OutboxGapError) is never retried: ``Gap(cause)`` and the stream ends; the caller
 resyncs. Exhausted attempts (or an error a retry cannot fix: 401, 404, 400) give
-``Failed(cause)`` and the stream ends. A conversation's stream also ends after its ``Deleted``
-event. ``close()`` (or leaving the ``async with``) ends both streams.
+``Failed(cause)`` and the stream ends. A stream that ends by itself (a conversation's, after its
+``Deleted``) ends this one too. ``close()`` (or leaving the ``async with``) ends both streams.
 
 Works with any outbox of the Agent interface (HTTP or in-process); with the HTTP one,
 ``Connected`` is reported when the server confirms the subscription, otherwise when the stream
@@ -37,9 +37,9 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from agentik.client.errors import TRANSIENT
-from agentik.client.http import HttpOutbox
+from agentik.client.handles import HttpOutbox
 from agentik.errors import AgentikError, OutboxGapError
-from agentik.wire import CommonEvent, Cursor, Deleted
+from agentik.wire import CommonEvent, Cursor
 
 # --- policy --------------------------------------------------------------------------------------
 
@@ -224,17 +224,16 @@ class ReconnectingOutbox:
 
     def events(self, after: Cursor | None = None) -> EventStream:
         """Every durable event after ``after`` (None: from the head at the first connection)."""
-        return self._start(lambda o, c: o.events(c), after, None)
+        return self._start(lambda o, c: o.events(c), after)
 
     def agent_events(self, after: Cursor | None = None) -> EventStream:
-        return self._start(lambda o, c: o.agent_events(c), after, None)
+        return self._start(lambda o, c: o.agent_events(c), after)
 
     def conversation_events(self, after: Cursor | None, conversation_id: str) -> EventStream:
-        return self._start(
-            lambda o, c: o.conversation_events(c, conversation_id), after, conversation_id
-        )
+        """One conversation's durable events; ends after its Deleted, as the stream it reads."""
+        return self._start(lambda o, c: o.conversation_events(c, conversation_id), after)
 
-    def _start(self, open_stream: Any, after: Cursor | None, conversation_id: str | None) -> EventStream:
+    def _start(self, open_stream: Any, after: Cursor | None) -> EventStream:
         if self._tg is None:
             raise RuntimeError("use ReconnectingOutbox as `async with ReconnectingOutbox(...) as r`")
         send, receive = anyio.create_memory_object_stream[CommonEvent](self._buffer)
@@ -242,14 +241,13 @@ class ReconnectingOutbox:
         if self._closed:
             send.close()
         else:
-            self._tg.start_soon(self._run, open_stream, after, conversation_id, send, scope)
+            self._tg.start_soon(self._run, open_stream, after, send, scope)
         return EventStream(receive, scope)
 
     async def _run(
         self,
         open_stream: Any,
         after: Cursor | None,
-        conversation_id: str | None,
         send: MemoryObjectSendStream[CommonEvent],
         scope: anyio.CancelScope,
     ) -> None:
@@ -284,12 +282,6 @@ class ReconnectingOutbox:
                                 return  # the consumer has gone
                             if cursor is not None:
                                 last = self.last_cursor = cursor
-                            if (
-                                conversation_id is not None
-                                and isinstance(event.event, Deleted)
-                                and event.event.conversation_id == conversation_id
-                            ):
-                                return  # the conversation is gone: its stream ends
                     finally:
                         await stream.aclose()
                 except OutboxGapError as exc:
@@ -301,8 +293,9 @@ class ReconnectingOutbox:
                     self._publish(Failed(exc))  # 401, 404, 400...: a retry would fail the same
                     return
                 else:
-                    # The stream ended without an error (in-process outboxes never do this).
-                    cause = AgentikError("the event stream ended")
+                    # The stream ended by itself (a conversation's, after its Deleted): so does
+                    # this one. A dropped connection raises instead (AgentikConnectionError).
+                    return
                 failures = 0 if connected else failures + 1
                 max_attempts = self.policy.max_attempts
                 if max_attempts is not None and failures >= max_attempts:

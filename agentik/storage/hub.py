@@ -12,6 +12,11 @@ Replay-then-live, with no gap and no duplicate, by construction:
    its reader notices at the end of the buffer and goes back to step 2 from its last offset.
 5. If the outbox is trimmed past a reader's position while it replays, the next page shows
    ``last < oldest - 1`` and the reader raises OutboxGapError instead of skipping silently.
+
+A conversation's durable stream (``conversation_id`` given) ends after that conversation's
+``Deleted`` event: this is the one place of that rule; the in-process outbox, SSE, the WebSocket
+and the client all end because the stream they read ends. No other durable stream ends by
+itself. An online stream ends when its reader falls more than ``buffer`` events behind.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from agentik.errors import OutboxGapError
 from agentik.storage.engine import ReaderEngine
 from agentik.storage.queries import has_conversation_events
 from agentik.storage.writer import StoredEvent
-from agentik.wire import CommonEvent, Cursor, OnlineEvent
+from agentik.wire import CommonEvent, Cursor, Deleted, OnlineEvent
 
 REPLAY_PAGE = 1000
 
@@ -35,7 +40,6 @@ class _Subscriber:
     conversation_id: str | None
     kind: str | None
     send: trio.MemorySendChannel[StoredEvent]
-    overflowed: bool = False
 
     def wants(self, ev: StoredEvent) -> bool:
         return (self.conversation_id is None or ev.conversation_id == self.conversation_id) and (
@@ -57,7 +61,8 @@ class EventHub:
     buffer: int = 4096
     _subs: set[_Subscriber] = field(default_factory=set)
     _online: dict[str, set[_OnlineSubscriber]] = field(default_factory=dict)
-    published: int = 0
+    #: set (and replaced) whenever an online subscriber comes or goes
+    _online_changed: trio.Event = field(default_factory=trio.Event)
 
     # --- cursors ---------------------------------------------------------------------------------
 
@@ -88,7 +93,6 @@ class EventHub:
         if not events:
             return
         self.head = max(self.head, head)
-        self.published += len(events)
         dead: list[_Subscriber] = []
         for sub in self._subs:
             for ev in events:
@@ -96,11 +100,7 @@ class EventHub:
                     continue
                 try:
                     sub.send.send_nowait(ev)
-                except trio.WouldBlock:
-                    sub.overflowed = True
-                    dead.append(sub)
-                    break
-                except trio.BrokenResourceError:
+                except (trio.WouldBlock, trio.BrokenResourceError):
                     dead.append(sub)
                     break
         for sub in dead:
@@ -128,7 +128,10 @@ class EventHub:
     ) -> AsyncGenerator[list[StoredEvent], None]:
         """Batches of stored events after ``after`` (None: from the current head), replayed then
         live, each exactly once in offset order. Raises OutboxGapError for a dead cursor or one
-        overtaken by eviction. Runs until the consumer stops iterating or is cancelled."""
+        overtaken by eviction. With ``conversation_id``, ends after that conversation's Deleted
+        (its last batch ends with it); otherwise runs until the consumer stops iterating or is
+        cancelled. The subscriber is registered in the first step of the iteration, before its
+        first checkpoint."""
         if after is None:
             after = self.current_cursor()
         if after.epoch == self.epoch and after.offset > self.head:
@@ -155,8 +158,11 @@ class EventHub:
                             current=self.current_cursor(),
                         )
                     if rows:
+                        rows, ended = _up_to_deleted(rows, conversation_id)
                         last = rows[-1].offset
                         yield rows
+                        if ended:
+                            return
                     if len(rows) < REPLAY_PAGE:
                         # Everything stored up to `head` at that read was scanned; with a filter
                         # the non-matching offsets count as seen too.
@@ -176,8 +182,11 @@ class EventHub:
                             break
                     fresh = [ev for ev in batch if ev.offset > last]
                     if fresh:
+                        fresh, ended = _up_to_deleted(fresh, conversation_id)
                         last = fresh[-1].offset
                         yield fresh
+                        if ended:
+                            return
             finally:
                 self._subs.discard(sub)
                 send.close()
@@ -216,6 +225,7 @@ class EventHub:
         send, recv = trio.open_memory_channel[CommonEvent](self.buffer)
         sub = _OnlineSubscriber(send)
         self._online.setdefault(conversation_id, set()).add(sub)
+        self._online_change()
         try:
             async for ev in recv:
                 yield ev
@@ -226,7 +236,30 @@ class EventHub:
                 if not subs:
                     del self._online[conversation_id]
             send.close()
+            self._online_change()
 
     def online_subscribers(self, conversation_id: str) -> int:
         return len(self._online.get(conversation_id, ()))
+
+    async def wait_online_subscribers(self, conversation_id: str, n: int = 1) -> None:
+        """Wait until ``conversation_id`` has at least ``n`` online subscribers."""
+        while self.online_subscribers(conversation_id) < n:
+            await self._online_changed.wait()
+
+    def _online_change(self) -> None:
+        self._online_changed.set()
+        self._online_changed = trio.Event()
+
+
+def _up_to_deleted(
+    batch: list[StoredEvent], conversation_id: str | None
+) -> tuple[list[StoredEvent], bool]:
+    """``batch`` up to and including the Deleted of ``conversation_id`` (a conversation's stream
+    ends there), and whether it was found."""
+    if conversation_id is None:
+        return batch, False
+    for i, ev in enumerate(batch):
+        if isinstance(ev.event.event, Deleted) and ev.event.event.conversation_id == conversation_id:
+            return batch[: i + 1], True
+    return batch, False
 

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from agentik.agent import LocalAgent
     from agentik.config import Config
     from agentik.llm.base import LiteLlm
-    from agentik.storage.hub import EventHub
     from agentik.tools.base import ToolRegistry
 
 log = logging.getLogger("agentik.web")
@@ -85,19 +84,6 @@ class WebState:
         if self.config is None:
             raise RuntimeClosedError("the runtime is not running")
         return self.config
-
-    # The core keeps these behind private attributes; they are reached in this one place.
-    @property
-    def hub(self) -> EventHub:
-        return self.require_agent().hub
-
-    @property
-    def runtime_tools(self) -> Any:
-        return self.require_agent().tools
-
-    @property
-    def supports_images(self) -> bool:
-        return self.require_agent().supports_image_input
 
     # Open SSE / WebSocket streams, so tests (and /healthz) can see that a disconnect released
     # everything.

@@ -110,29 +110,29 @@ async def healthz() -> Response:
 
 @bp.get("/agentik")
 async def info() -> Response:
-    st = state()
-    agent = st.require_agent()
-    hub = st.hub
+    agent = state().require_agent()
     return json_response(
         AgentInfo(
             id=agent.id,
             name="agentik",
             version=agentik.__version__,
             capabilities=Capabilities(
-                image_input=st.supports_images,
-                tools=[spec.name for spec in st.runtime_tools.specs()],
+                image_input=agent.supports_image_input,
+                tools=[spec.name for spec in agent.tools.specs()],
             ),
-            current=str(hub.current_cursor()),
-            oldest=str(hub.oldest_cursor()),
+            current=str(await agent.outbox.current_cursor()),
+            oldest=str(await agent.outbox.oldest_cursor()),
         )
     )
 
 
 @bp.get("/agentik/cursor")
 async def cursor() -> Response:
-    hub = state().hub
+    outbox = state().require_agent().outbox
     return json_response(
-        CursorPair(current=str(hub.current_cursor()), oldest=str(hub.oldest_cursor()))
+        CursorPair(
+            current=str(await outbox.current_cursor()), oldest=str(await outbox.oldest_cursor())
+        )
     )
 
 
@@ -140,7 +140,7 @@ async def cursor() -> Response:
 async def tools() -> Response:
     """``{"servers": [...]}``: the registry's ``status()`` (a list of JSON-ready server states;
     sync or async), or no servers for a registry without one."""
-    registry = state().runtime_tools
+    registry: Any = state().require_agent().tools
     status_fn = getattr(registry, "status", None)
     if status_fn is None:
         return json_response(ToolsStatus())

@@ -51,7 +51,7 @@ async def start_runtime(app: QuartTrio, st: WebState) -> None:
         if process.supervisor_pid() is not None:
             process.terminate(1)  # a worker of hypercorn's supervisor: see terminate
         raise StartupFailed(message) from None
-    log.info("agentik runtime started (database %s, epoch %s)", st.config.db_path, st.hub.epoch)
+    log.info("agentik runtime started (database %s, epoch %s)", st.config.db_path, st.require_agent().id)
 
 
 async def hold_runtime(

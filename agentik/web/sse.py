@@ -15,8 +15,11 @@ stream. Then:
 - Durable frames: ``id: EPOCH:OFFSET`` / ``event: <type>`` / ``data: <CommonEvent JSON>``. Live
   frames have no ``id:``. A cursor overtaken by eviction mid-stream gets a final ``event: gap``
   frame (data: the 410 body) and the stream ends; reconnecting with Last-Event-ID then gets 410.
-- A conversation's durable stream ends after that conversation's ``deleted`` event. A live stream
-  ends if its reader falls more than the subscriber buffer behind (the client reconnects).
+- When the stream it reads ends by itself, a last ``event: ended`` frame says why (``data:
+  {"reason": ...}``) and the response ends: a conversation's durable stream ends after that
+  conversation's ``deleted`` event (the hub's rule), a live stream when its reader falls more than
+  the subscriber buffer behind (the client reconnects). Any other end of the response (shutdown,
+  a broken connection) has no such frame.
 """
 
 from __future__ import annotations
@@ -36,12 +39,11 @@ from agentik.errors import NotFoundError, OutboxGapError
 from agentik.web import logsafe
 from agentik.web._state import WebState, log, state
 from agentik.web.errors import detail_of
-from agentik.web.types import ErrorBody
-from agentik.wire import Cursor, Deleted, encode
+from agentik.web.types import EndedReason, ErrorBody, StreamEnded
+from agentik.wire import Cursor, encode
 
 if TYPE_CHECKING:
-    from agentik.storage.hub import EventHub
-    from agentik.storage.writer import StoredEvent
+    from agentik.agent import LocalAgent, StoredEvent
 
 bp = Blueprint("agentik_sse", __name__)
 
@@ -143,15 +145,12 @@ def gap_frame(exc: OutboxGapError) -> bytes:
     return b"event: gap\ndata: " + encode(ErrorBody(error=detail_of(exc))) + b"\n\n"
 
 
-def _ends_stream(batch: list[StoredEvent], conversation_id: str | None) -> bool:
-    return conversation_id is not None and any(
-        isinstance(ev.event.event, Deleted) and ev.event.event.conversation_id == conversation_id
-        for ev in batch
-    )
+def ended_frame(reason: EndedReason) -> bytes:
+    return b"event: ended\ndata: " + encode(StreamEnded(reason=reason)) + b"\n\n"
 
 
 async def durable_pump(
-    hub: EventHub,
+    agent: LocalAgent,
     after: Cursor,
     conversation_id: str | None,
     send: trio.MemorySendChannel[bytes],
@@ -159,16 +158,16 @@ async def durable_pump(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     async with send:
-        stream = hub.stream(after, conversation_id=conversation_id)
+        stream = agent.outbox.stored_batches(after, conversation_id=conversation_id)
         async with aclosing(stream):
-            # The hub registers the subscriber in the first step of the iteration, before its
-            # first checkpoint, so it is registered by the time start() returns.
+            # The subscription is in place at the first step of the iteration, before its first
+            # checkpoint, so it is registered by the time start() returns.
             task_status.started()
             try:
                 async for batch in stream:
-                    await send.send(durable_frames(hub.epoch, batch))
-                    if _ends_stream(batch, conversation_id):
-                        return
+                    await send.send(durable_frames(after.epoch, batch))
+                # A durable stream ends by itself only after its conversation's Deleted.
+                await send.send(ended_frame("deleted"))
             except OutboxGapError as exc:
                 await send.send(gap_frame(exc))
             except Exception:
@@ -176,14 +175,14 @@ async def durable_pump(
 
 
 async def live_pump(
-    hub: EventHub,
+    agent: LocalAgent,
     conversation_id: str,
     send: trio.MemorySendChannel[bytes],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     async with send:
-        events: AsyncIterator[Any] = hub.online_events(conversation_id)
+        events: AsyncIterator[Any] = agent.online_outbox.online_events(conversation_id)
         async with aclosing(events):  # type: ignore[type-var]
             task_status.started()  # registered at the first step, as in durable_pump
             try:
@@ -191,18 +190,18 @@ async def live_pump(
                     await send.send(
                         b"event: " + ev.type.encode() + b"\ndata: " + encode(ev) + b"\n\n"
                     )
+                # A live stream ends by itself only when its reader fell too far behind.
+                await send.send(ended_frame("overflow"))
             except Exception:
                 log.exception("live stream of %s failed", logsafe.escape(conversation_id))
 
 
-def start_cursor(hub: EventHub) -> Cursor:
+def start_cursor(agent: LocalAgent) -> Cursor:
     """Where a durable stream starts: ``Last-Event-ID`` (a reconnecting EventSource) wins over
     ``?after=``; neither means from the current head. Raises InvalidInputError (bad syntax) or
     OutboxGapError (dead cursor), both before the response starts."""
     raw = request.headers.get("Last-Event-ID") or request.args.get("after")
-    after = hub.current_cursor() if not raw else Cursor.parse(raw.strip())
-    hub.check(after)
-    return after
+    return agent.outbox.resumable(Cursor.parse(raw.strip()) if raw else None)
 
 
 def stream_response(st: WebState, pump: Pump, after: Cursor | None) -> Response:
@@ -220,34 +219,38 @@ def stream_response(st: WebState, pump: Pump, after: Cursor | None) -> Response:
     return response
 
 
-async def _require_conversation(st: WebState, conversation_id: str) -> None:
-    if await st.require_agent().get_conversation(conversation_id) is None:
+async def _require_conversation(agent: LocalAgent, conversation_id: str) -> None:
+    if await agent.get_conversation(conversation_id) is None:
         raise NotFoundError(f"conversation {conversation_id!r} not found")
 
 
 @bp.get("/agentik/events")
 async def events() -> Response:
     st = state()
-    hub = st.hub
-    after = start_cursor(hub)
-    return stream_response(st, partial(durable_pump, hub, after, None), after)
+    agent = st.require_agent()
+    after = start_cursor(agent)
+    return stream_response(st, partial(durable_pump, agent, after, None), after)
 
 
 @bp.get("/agentik/conversations/<conversation_id>/events")
 async def conversation_events(conversation_id: str) -> Response:
     st = state()
-    hub = st.hub
-    after = start_cursor(hub)
+    agent = st.require_agent()
+    after = start_cursor(agent)
     resuming = bool(request.headers.get("Last-Event-ID") or request.args.get("after"))
-    if not (resuming and await hub.has_events_after(conversation_id, after)):
-        # A conversation deleted while the client was away is still streamed from its cursor,
-        # so the client sees the Deleted event; otherwise an unknown id is a 404.
-        await _require_conversation(st, conversation_id)
-    return stream_response(st, partial(durable_pump, hub, after, conversation_id), after)
+    # A conversation deleted while the client was away is still streamed from its cursor, so the
+    # client sees the Deleted event; otherwise an unknown id is a 404. In this order: a deletion
+    # that has removed the row has also stored its events (one transaction).
+    if await agent.get_conversation(conversation_id) is None and not (
+        resuming and await agent.outbox.has_events_after(conversation_id, after)
+    ):
+        raise NotFoundError(f"conversation {conversation_id!r} not found")
+    return stream_response(st, partial(durable_pump, agent, after, conversation_id), after)
 
 
 @bp.get("/agentik/conversations/<conversation_id>/live")
 async def live(conversation_id: str) -> Response:
     st = state()
-    await _require_conversation(st, conversation_id)
-    return stream_response(st, partial(live_pump, st.hub, conversation_id), None)
+    agent = st.require_agent()
+    await _require_conversation(agent, conversation_id)
+    return stream_response(st, partial(live_pump, agent, conversation_id), None)

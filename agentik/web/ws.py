@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from functools import partial
 from typing import Any, assert_never
 
 import msgspec
@@ -38,6 +37,7 @@ from agentik.web.types import (
     CreateConversation,
     DeleteConversation,
     Ended,
+    EndedReason,
     ErrorDetail,
     ErrorFrame,
     GetConversation,
@@ -55,7 +55,7 @@ from agentik.web.types import (
     SubscribeResult,
     Unsubscribe,
 )
-from agentik.wire import Cursor, Deleted, decode_client_json, encode
+from agentik.wire import Cursor, decode_client_json, encode
 
 bp = Blueprint("agentik_ws", __name__)
 
@@ -117,7 +117,6 @@ class Session:
     def __init__(self, st: WebState, agent: LocalAgent) -> None:
         self.st = st
         self.agent = agent
-        self.hub = st.hub
         self.max_bytes = st.cfg.max_body_bytes
         self.out_send, self.out_recv = trio.open_memory_channel[bytes](OUT_BUFFER)
         #: subscription id -> (its cancel scope, set once its task has finished)
@@ -254,23 +253,26 @@ class Session:
             if frame.after:
                 raise InvalidInputError("live streams have no cursor: drop `after`")
             assert conversation_id is not None
-            source = self.hub.online_events(conversation_id)
+            source = self.agent.online_outbox.online_events(conversation_id)
             to_raws = _live_raws
+            # A live stream ends by itself only when its reader fell too far behind.
+            reason: EndedReason = "overflow"
         else:
-            after = Cursor.parse(frame.after) if frame.after else self.hub.current_cursor()
-            self.hub.check(after)
+            outbox = self.agent.outbox
+            after = outbox.resumable(Cursor.parse(frame.after) if frame.after else None)
             kind = "agent" if frame.stream == "agent" else None
             cid = conversation_id if frame.stream == "conversation" else None
-            source = self.hub.stream(after, conversation_id=cid, kind=kind)
+            source = outbox.stored_batches(after, conversation_id=cid, kind=kind)
             to_raws = _durable_raws
-        ends = partial(_deleted, conversation_id) if frame.stream == "conversation" else None
+            # A durable stream ends by itself only after its conversation's Deleted.
+            reason = "deleted"
         scope = trio.CancelScope()
         finished = trio.Event()
         self.subs[frame.id] = (scope, finished)
         replied = trio.Event()
         assert self.nursery is not None
         await self.nursery.start(
-            self.pump, frame.id, scope, finished, source, to_raws, ends, replied
+            self.pump, frame.id, scope, finished, source, to_raws, reason, replied
         )
         await self.send(
             Reply(
@@ -289,7 +291,7 @@ class Session:
         finished: trio.Event,
         source: AsyncIterator[Any],
         to_raws: Callable[[Any], list[bytes]],
-        ends: Callable[[Any], bool] | None,
+        reason: EndedReason,
         replied: trio.Event,
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -306,11 +308,8 @@ class Session:
                             await replied.wait()
                             for data in events_frames(key, to_raws(item)):
                                 await self.out_send.send(data)
-                            if ends is not None and ends(item):
-                                await self.send(Ended(subscription=sub_id, reason="deleted"))
-                                return
-                        # Only a live stream ends by itself: its reader fell too far behind.
-                        await self.send(Ended(subscription=sub_id, reason="overflow"))
+                        await replied.wait()
+                        await self.send(Ended(subscription=sub_id, reason=reason))
                     except AgentikError as exc:  # OutboxGapError, RuntimeClosedError
                         await replied.wait()
                         await self.send(ErrorFrame(subscription=sub_id, error=detail_of(exc)))
@@ -336,13 +335,6 @@ def _durable_raws(batch: Any) -> list[bytes]:
 
 def _live_raws(event: Any) -> list[bytes]:
     return [encode(event)]
-
-
-def _deleted(conversation_id: str | None, batch: Any) -> bool:
-    return any(
-        isinstance(ev.event.event, Deleted) and ev.event.event.conversation_id == conversation_id
-        for ev in batch
-    )
 
 
 @bp.websocket("/agentik/ws")
