@@ -38,6 +38,7 @@ async def start_runtime(app: QuartTrio, st: WebState) -> None:
     """before_serving. Raises RuntimeError with a one-line message if the runtime cannot start
     (hypercorn reports it and exits non-zero)."""
     process.setup_logging()
+    process.die_with_supervisor()
     try:
         if st.config is None:
             st.config = Config.from_env()

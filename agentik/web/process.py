@@ -16,6 +16,7 @@ SIGTERM itself (a process-group kill) would die on the spot, so the app catches 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -72,6 +73,30 @@ def supervisor_pid() -> int | None:
     if parent is not None and parent.pid == os.getppid():
         return parent.pid
     return None
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_supervisor() -> None:
+    """In a worker of hypercorn's supervisor, ask Linux to send this process SIGTERM when the
+    supervisor dies (``prctl(PR_SET_PDEATHSIG)``), which :func:`watch_sigterm` turns into a clean
+    shutdown. Without it, ``hypercorn -k trio -w 2`` left an orphan: the worker that could not
+    take the database lock killed the supervisor (:func:`terminate`), and the other worker went on
+    serving with ppid 1, holding the database and the port. A no-op elsewhere (not a worker, not
+    Linux)."""
+    supervisor = supervisor_pid()
+    if supervisor is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    except (OSError, AttributeError) as exc:  # pragma: no cover - every Linux has prctl
+        log.warning("cannot follow the supervisor's death: %s", exc)
+        return
+    if os.getppid() != supervisor:  # it died before the request: nobody will signal us
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def watch_sigterm(st: WebState) -> None:
