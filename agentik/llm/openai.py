@@ -219,6 +219,7 @@ class OpenAiConversation:
                 user_message(content, supports_images=self._llm.supports_images)
             )
         reader = RoundReader()
+        done = False  # the server's "[DONE]"
         streaming = self._llm.client.chat.completions.with_streaming_response
         limit = max_output_tokens if max_output_tokens is not None else self._llm.output_budget()
         try:
@@ -229,6 +230,7 @@ class OpenAiConversation:
                             continue
                         data = line[5:].strip()
                         if data == "[DONE]":
+                            done = True
                             break
                         for delta in reader.deltas(CHUNK.decode(data)):
                             yield delta
@@ -237,6 +239,14 @@ class OpenAiConversation:
                        for m in self.messages) + (limit or 0)
             self._llm.learn_overflow(exc, sent)
             raise
+        if not reader.finished and not done:
+            # The body ended with neither a finish_reason nor [DONE]: the server died (or the
+            # connection was cut) mid-answer. What was streamed is not the answer: fail the
+            # round, so the turn keeps the partial text marked interrupted and stores the error.
+            raise LlmConnectionError(
+                f"the LLM stream from {self._llm.endpoint} ended before the answer was complete "
+                "(no finish_reason, no [DONE])"
+            )
         if not reader.finished:
             log.warning("the LLM stream from %s ended without a finish_reason", self._llm.endpoint)
             for delta in reader.finish(None):
