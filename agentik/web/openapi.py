@@ -2,7 +2,7 @@
 
 The route table below is the one list of routes in this module; the schemas of every body are
 generated from the msgspec types (``msgspec.json.schema_components``), so they cannot drift from
-what the server decodes and encodes. ``tests/test_web_openapi.py`` checks that the table matches
+what the server decodes and encodes. ``tests/test_web_docs.py`` checks that the table matches
 the app's URL map.
 """
 
@@ -146,6 +146,8 @@ ROUTES: tuple[Route, ...] = (
     Route("get", "/agentik/tools", "tools", "MCP servers with their state and tools", 200,
           ToolsStatus),
     Route("get", "/agentik/openapi.json", "openapi", "This document", 200),
+    Route("get", "/metrics", "metrics", "Prometheus text exposition (same auth as the API)", 200,
+          ok_media="text/plain"),
     Route("get", "/.well-known/agent-card.json", "a2aAgentCard",
           "A2A v1.0 agent card (public; see docs/A2A.md)", 200, open=True),
     Route("post", "/a2a", "a2aJsonRpc",
