@@ -203,7 +203,8 @@ def test_the_checker_sees_cycles_and_function_level_imports(tmp_path: Path) -> N
 #: what a client program must not load (besides the server's own packages, the server's libraries)
 SERVER_PARTS = (
     "agentik.storage", "agentik.actors", "agentik.web", "agentik.llm", "agentik.tools",
-    "quart", "hypercorn", "openai", "mcp",
+    "agentik.a2a", "agentik.runtime", "agentik.agent", "agentik.cluster",
+    "quart", "hypercorn", "openai", "mcp", "psycopg", "prometheus_client",
 )
 
 LIGHT_CLIENT = f"""
