@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncGenerator, Sequence
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 import httpx2
 import msgspec
 import openai
+import trio
 
 from agentik.context import (
     estimate_item,
@@ -224,7 +226,19 @@ class OpenAiConversation:
         limit = max_output_tokens if max_output_tokens is not None else self._llm.output_budget()
         try:
             with map_exceptions(self._llm.errors):
-                async with streaming.create(**self._request(limit)) as response:
+                async with AsyncExitStack() as stack:
+                    # AGENTIK_LLM_TIMEOUT bounds the whole wait for the response, the SDK's
+                    # retries included (each attempt has its own read timeout, so a hung endpoint
+                    # held the turn for (max_retries + 1) x the timeout).
+                    with trio.move_on_after(self._llm.timeout) as waiting:
+                        response = await stack.enter_async_context(
+                            streaming.create(**self._request(limit))
+                        )
+                    if waiting.cancelled_caught:
+                        raise LlmTimeoutError(
+                            f"the LLM endpoint {self._llm.endpoint} did not answer within "
+                            f"{self._llm.timeout:g} s (AGENTIK_LLM_TIMEOUT, retries included)"
+                        )
                     async for line in response.iter_lines():
                         if not line.startswith("data:"):
                             continue
