@@ -21,7 +21,7 @@ from agentik.storage import ops
 from agentik.storage import queries as q
 from agentik.storage.actor import Storage, run_storage
 from agentik.storage.writer import StoredEvent
-from agentik.wire import Cursor, Text, UserMessage, event_type
+from agentik.wire import AppendText, Cursor, Text, UserMessage, event_type
 from tests.conftest import PG_BASE_URL
 
 _nodes = iter(range(1_000_000))
@@ -242,3 +242,39 @@ def test_scaleout_settings() -> None:
         with pytest.raises(ConfigError) as info:
             Config.from_env({name: bad})
         assert info.value.variable == name
+
+
+async def test_online_events_reach_the_other_nodes_once(pg_url: str) -> None:
+    """Token deltas are never stored; the node running the turn relays them (NOTIFY) so a live
+    stream on any node gets them, and its own subscribers get them once."""
+    async with node(pg_url) as a, node(pg_url) as b:
+        await create(a, "c1")
+        got: dict[str, list[str]] = {"a": [], "b": []}
+        subscribed = 0
+        all_in = trio.Event()
+
+        async def watch(name: str, st: Storage) -> None:
+            nonlocal subscribed
+            stream = st.hub.online_events("c1")
+            task = stream.__anext__()  # registers the subscriber, then waits
+            subscribed += 1
+            if subscribed == 2:
+                all_in.set()
+            ev = await task
+            while True:
+                got[name].append(ev.event.text)  # type: ignore[union-attr]
+                if len(got[name]) == 50:
+                    await stream.aclose()
+                    return
+                ev = await stream.__anext__()
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as n:
+                n.start_soon(watch, "a", a)
+                n.start_soon(watch, "b", b)
+                await all_in.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                for i in range(50):
+                    a.hub.publish_online("c1", AppendText(text=f"t{i}"))
+        assert got["a"] == got["b"] == [f"t{i}" for i in range(50)]
+        assert b.online.stats["received"] == 50 and a.online.stats["dropped"] == 0

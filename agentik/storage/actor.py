@@ -62,6 +62,8 @@ class Storage:
         #: on SQLite
         self.feed: Any = None
         self.leases: Any = None
+        #: PostgreSQL: the online-event relay to the other nodes (``pg_online.OnlineRelay``)
+        self.online: Any = None
 
     @property
     def epoch(self) -> str:
@@ -150,6 +152,13 @@ async def run_storage(
                 storage.leases = leases
                 leases.write = storage.write
                 await nursery.start(leases.run)
+                from agentik.storage.pg_online import OnlineRelay
+                from agentik.storage.pg_schema import channel
+
+                relay = storage.online = OnlineRelay(
+                    url, channel("o_" + pg_writer.schema), leases.node_id, hub)
+                hub.online_tap = relay.tap
+                await nursery.start(relay.run)
             task_status.started(storage)
             async with recv:
                 while True:

@@ -21,7 +21,7 @@ itself. An online stream ends when its reader falls more than ``buffer`` events 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -63,6 +63,8 @@ class EventHub:
     _online: dict[str, set[_OnlineSubscriber]] = field(default_factory=dict)
     #: set (and replaced) whenever an online subscriber comes or goes
     _online_changed: trio.Event = field(default_factory=trio.Event)
+    #: PostgreSQL cluster: also called with every online event published here
+    online_tap: Callable[[str, OnlineEvent], None] | None = None
 
     # --- cursors ---------------------------------------------------------------------------------
 
@@ -206,6 +208,12 @@ class EventHub:
     # --- online ----------------------------------------------------------------------------------
 
     def publish_online(self, conversation_id: str, event: OnlineEvent) -> None:
+        if self.online_tap is not None:  # PostgreSQL: relayed to the other nodes too
+            self.online_tap(conversation_id, event)
+        self.deliver_online(conversation_id, event)
+
+    def deliver_online(self, conversation_id: str, event: OnlineEvent) -> None:
+        """Hand an online event to this node's live subscribers (a relayed one: not tapped)."""
         subs = self._online.get(conversation_id)
         if not subs:
             return
