@@ -123,7 +123,7 @@ async def test_dead_node_conversation_is_claimed_and_its_turn_closed(pg_url: str
         # a is gone (no heartbeat any more): within the TTL b's sweeper claims c1 and stores the
         # turn's terminal record
         got: list[str] = []
-        with trio.fail_after(5):
+        with trio.fail_after(10):
             async for ev in b.hub.events(Cursor(epoch=b.epoch, offset=2)):
                 got.append(event_type(ev.event))
                 if got[-1] == "error":
@@ -192,7 +192,7 @@ async def test_timer_delivers_without_any_notification(pg_url: str) -> None:
         start = time.monotonic()
         with trio.fail_after(3):
             await published.wait()
-        assert time.monotonic() - start < 1.5
+        assert time.monotonic() - start < 2.5  # the 1 s timer, on a loaded machine
         assert b.hub.current_cursor().offset == 2
 
 
