@@ -133,7 +133,11 @@ class EventHub:
         overtaken by eviction. With ``conversation_id``, ends after that conversation's Deleted
         (its last batch ends with it); otherwise runs until the consumer stops iterating or is
         cancelled. The subscriber is registered in the first step of the iteration, before its
-        first checkpoint."""
+        first checkpoint.
+
+        (Over 60 lines on purpose: register, replay page by page, then live with the skip of
+        replayed offsets, in one loop, so the order that makes it gap- and duplicate-free reads
+        top to bottom; see the module docstring.)"""
         if after is None:
             after = self.current_cursor()
         if after.epoch == self.epoch and after.offset > self.head:
