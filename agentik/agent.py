@@ -10,12 +10,16 @@ RuntimeClosedError (the runtime is shutting down), InvalidInputError (bad argume
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from agentik.actors.deps import Deps
 from agentik.actors.registry import Registry
 from agentik.cluster import forward
+from agentik.config import BUSY_POLICIES
 from agentik.errors import InvalidInputError, NotFoundError, NotOwnerError, RuntimeClosedError
 from agentik.storage import ops
 from agentik.storage import queries as q
@@ -41,6 +45,8 @@ if TYPE_CHECKING:
     from agentik.storage.hub import EventHub
 
 MAX_PAGE = 1000
+#: longest accepted Idempotency-Key
+MAX_IDEMPOTENCY_KEY = 255
 
 
 def _limit(limit: int) -> int:
@@ -201,11 +207,20 @@ class LocalConversation(ConversationView):
         return self._agent._deps.llm.supports_images
 
     async def send(
-        self, content: Sequence[Content] | Content | str, context: MessageContext | None = None
+        self,
+        content: Sequence[Content] | Content | str,
+        context: MessageContext | None = None,
+        *,
+        on_busy: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
         """Queue a user message; returns its id once it is stored. The answer arrives as events.
-        Raises MailboxFullError, NotFoundError, ConversationFailedError, StorageError."""
-        return await self._agent._send(self.id, _content(content), context)
+        ``on_busy``: queue | reject | interrupt (default AGENTIK_BUSY_POLICY); an
+        ``idempotency_key`` already used for this send returns the first message's id.
+        Raises MailboxFullError, BusyError, NotFoundError, ConversationFailedError,
+        IdempotencyKeyReusedError, StorageError."""
+        return await self._agent._send(self.id, _content(content), context,
+                                       on_busy=on_busy, idempotency_key=idempotency_key)
 
     async def interrupt(self) -> bool:
         """Cancel the running turn (Interrupted event). Returns whether a turn was running."""
@@ -287,10 +302,27 @@ class LocalAgent:
         if self._closed:
             raise RuntimeClosedError("the runtime is closed")
 
-    async def create_conversation(self, temp: bool = False, title: str | None = None) -> LocalConversation:
+    async def create_conversation(
+        self, temp: bool = False, title: str | None = None, *, idempotency_key: str | None = None
+    ) -> LocalConversation:
+        """An ``idempotency_key`` already used to create one returns that conversation."""
         self._check_open()
-        record = await self._registry.create(temp=temp, title=title)
+        idem = self._idempotency(idempotency_key, "create", [temp, title])
+        record = await self._registry.create(temp=temp, title=title, idempotency=idem)
         return LocalConversation(self, record)
+
+    def _idempotency(
+        self, key: str | None, scope: str, body: object
+    ) -> ops.Idempotency | None:
+        """The stored form of an Idempotency-Key: the key and a fingerprint of the request
+        (route, conversation, body), so the same key with another request is refused."""
+        if key is None:
+            return None
+        if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY or not key.isprintable():
+            raise InvalidInputError(
+                f"an idempotency key must be 1..{MAX_IDEMPOTENCY_KEY} printable characters")
+        digest = hashlib.sha256(scope.encode() + b"\0" + msgspec.json.encode(body)).hexdigest()
+        return ops.Idempotency(key=key, fingerprint=digest, ttl=self.config.idempotency_ttl)
 
     async def get_conversation(self, conversation_id: str) -> LocalConversation | None:
         self._check_open()
@@ -332,23 +364,41 @@ class LocalAgent:
             return await forward(self.config, exc, lambda o: o.interrupt(conversation_id))
 
     async def _send(
-        self, conversation_id: str, content: list[Content], context: MessageContext | None
+        self,
+        conversation_id: str,
+        content: list[Content],
+        context: MessageContext | None,
+        *,
+        on_busy: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
         """Queue the message on the conversation's actor; returns the stored message's id. In a
         cluster, a conversation owned by another live node gets it through its owner."""
         self._check_open()
+        if on_busy is not None and on_busy not in BUSY_POLICIES:
+            raise InvalidInputError(f"on_busy must be one of {', '.join(BUSY_POLICIES)}, "
+                                    f"got {on_busy!r}")
+        idem = self._idempotency(idempotency_key, f"send:{conversation_id}", [content, context])
         try:
-            return (await self._registry.submit(conversation_id, content, context)).id
+            return await self._registry.submit(
+                conversation_id, content, context, on_busy=on_busy, idempotency=idem)
         except NotOwnerError as exc:
-            return await forward(self.config, exc, lambda o: o.send(conversation_id, content, context))
+            return await forward(self.config, exc, lambda o: o.send(
+                conversation_id, content, context, on_busy=on_busy,
+                idempotency_key=idempotency_key))
 
     async def send(
         self,
         conversation_id: str,
         content: Sequence[Content] | Content | str,
         context: MessageContext | None = None,
+        *,
+        on_busy: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
-        return await self._send(conversation_id, _content(content), context)
+        """See :meth:`LocalConversation.send`."""
+        return await self._send(conversation_id, _content(content), context,
+                                on_busy=on_busy, idempotency_key=idempotency_key)
 
     async def conversations_snapshot(self, offset: int = 0, limit: int = 100) -> ConversationsSnapshot:
         """The conversation list at a cursor: every change <= cursor is in it."""

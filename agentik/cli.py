@@ -87,9 +87,11 @@ def _serve_command(args: argparse.Namespace) -> int:
             print(f"agentik: --port must be 0..65535, got {args.port}", file=sys.stderr)
             return 2
         config = config.replace(port=args.port)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s [%(levelname)s] %(name)s: %(message)s"
-    )
+    from agentik.web import logjson
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logjson.formatter(config.log_format))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     # One line per LLM request from the HTTP client library is noise next to the access log.
     for noisy in ("httpx2", "httpcore2", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -119,6 +121,9 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
     hc = hypercorn.config.Config()
     hc.bind = [f"{host}:{config.port}"]
     hc.accesslog = None  # agentik logs one line per request itself
+    if config.log_format == "json":
+        # hypercorn's own lines through the root handler (JSON) instead of its own handler
+        hc.errorlog = logging.getLogger("hypercorn.error")
     hc.graceful_timeout = graceful_timeout
     hc.keep_alive_timeout = config.keep_alive_timeout
     hc.backlog = config.backlog

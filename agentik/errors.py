@@ -24,6 +24,10 @@ in-process agent catches the same classes over HTTP::
      │     raised by: ConversationHandle.submit (send)
      ├── ConflictError             409 conflict    a write based on a stale read (an A2A task
      │     raised by: the storage writer (expect_seq)   changed meanwhile); nothing was stored
+     ├── BusyError                 409 busy        a send with on_busy=reject while a turn runs or
+     │     raised by: ConversationHandle.submit        waits; nothing was stored
+     ├── IdempotencyKeyReusedError 422 idempotency_key_reused  an Idempotency-Key already used
+     │     raised by: the storage writer               with another request; nothing was stored
      ├── OutboxGapError            410 gap         a dead cursor: evicted, another epoch, ahead of head
      │     raised by: EventHub (check, stream), so by every durable events iterator; the client
      │                for a 410 or an SSE ``event: gap`` frame
@@ -159,6 +163,20 @@ class ConflictError(AgentikError):
     code = "conflict"
 
 
+class BusyError(AgentikError):
+    """A send said ``on_busy="reject"`` and the conversation is running (or has queued) a turn:
+    nothing was stored."""
+
+    code = "busy"
+
+
+class IdempotencyKeyReusedError(AgentikError):
+    """An ``Idempotency-Key`` already stored with another request (other body, other route or
+    conversation): nothing was stored."""
+
+    code = "idempotency_key_reused"
+
+
 class ConversationFailedError(AgentikError):
     """The conversation's actor crashed more often than its restart limit allows."""
 
@@ -257,6 +275,8 @@ HTTP_ERRORS: tuple[HttpError, ...] = (
     HttpError(NotFoundError, 404, default_for_status=True),
     HttpError(ConversationFailedError, 409, default_for_status=True),
     HttpError(ConflictError, 409),
+    HttpError(BusyError, 409),
+    HttpError(IdempotencyKeyReusedError, 422, default_for_status=True),
     HttpError(OutboxGapError, 410),
     HttpError(PayloadTooLargeError, 413, default_for_status=True),
     HttpError(MailboxFullError, 429, default_for_status=True),

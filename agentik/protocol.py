@@ -47,6 +47,9 @@ class SendMessageBody(Wire, frozen=True, kw_only=True):
 
     content: list[Content]
     context: MessageContext | None = None
+    #: what to do when the conversation is running a turn: queue | reject (409 busy) |
+    #: interrupt; None: the server's AGENTIK_BUSY_POLICY
+    on_busy: Literal["queue", "reject", "interrupt"] | None = None
 
 
 # --- HTTP response bodies ------------------------------------------------------------------------
@@ -118,12 +121,15 @@ class ErrorBody(Wire, frozen=True, kw_only=True):
 class Subscribe(Tagged, frozen=True, kw_only=True):
     """``stream``: ``events`` (everything durable), ``agent`` (conversation list only),
     ``conversation`` (one conversation's durable events) or ``live`` (one conversation's online
-    events). ``after`` is ``EPOCH:OFFSET`` (durable streams only; absent = from now)."""
+    events). ``after`` is ``EPOCH:OFFSET`` (durable streams only; absent = from now). ``kind``
+    filters an ``events`` stream on the server like ``GET /agentik/events?kind=``: ``agent``
+    (the conversation list), ``conversation`` (inside conversations) or ``a2a`` (A2A tasks)."""
 
     id: str
     stream: Literal["events", "agent", "conversation", "live"]
     conversation_id: str | None = None
     after: str | None = None
+    kind: Literal["agent", "conversation", "a2a"] | None = None
 
 
 class Unsubscribe(Tagged, frozen=True, kw_only=True):
@@ -143,6 +149,8 @@ class CreateConversation(Tagged, frozen=True, kw_only=True, tag="create"):
     id: str
     temp: bool = False
     title: str | None = None
+    #: like the Idempotency-Key header of ``POST /agentik/conversations``
+    idempotency_key: str | None = None
 
 
 class GetConversation(Tagged, frozen=True, kw_only=True, tag="get"):
@@ -161,6 +169,10 @@ class SendMessage(Tagged, frozen=True, kw_only=True, tag="send"):
     conversation_id: str
     content: list[Content]
     context: MessageContext | None = None
+    #: queue | reject | interrupt, as in ``POST …/messages`` (None: AGENTIK_BUSY_POLICY)
+    on_busy: Literal["queue", "reject", "interrupt"] | None = None
+    #: like the Idempotency-Key header of ``POST …/messages``
+    idempotency_key: str | None = None
 
 
 class InterruptTurn(Tagged, frozen=True, kw_only=True, tag="interrupt"):

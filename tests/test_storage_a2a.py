@@ -114,7 +114,9 @@ async def test_list_newest_first_paged_filtered_and_counted(target: StorageTarge
         assert [r.id for r in running] == ["t2", "t4"]
 
 
-def test_version_1_database_migrates_to_2_keeping_its_rows(tmp_path: Path) -> None:
+def test_version_1_database_migrates_to_the_current_version_keeping_its_rows(
+    tmp_path: Path,
+) -> None:
     path = str(tmp_path / "v1.db")
     conn = sqlite3.connect(path, isolation_level=None)
     for statement in _V1.split(";"):
@@ -124,13 +126,14 @@ def test_version_1_database_migrates_to_2_keeping_its_rows(tmp_path: Path) -> No
                  "('schema_version', '1')")
     conn.execute("INSERT INTO conversation VALUES ('c1', NULL, 0, 1.0, 1.0, 7)")
     conn.close()
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3  # v2: a2a_task, v3: idempotency_key
     w = Writer(path, synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
     try:
         assert w.epoch == "e1" and w.next_seq == 8
         version = w.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert version[0] == "2"
+        assert version[0] == str(SCHEMA_VERSION)
         assert w.conn.execute("SELECT id FROM conversation").fetchall() == [("c1",)]
+        assert w.conn.execute("SELECT count(*) FROM idempotency_key").fetchone() == (0,)
         result = w.commit_batch([put("t1", "TASK_STATE_WORKING", None)])
         assert result.results == [8]
     finally:

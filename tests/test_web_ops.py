@@ -11,7 +11,7 @@ import httpx2
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.scripted_openai import Fail, Reply, ScriptedOpenAI
+from tests.scripted_openai import Fail, Hang, Reply, ScriptedOpenAI
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
     allow_error_logs,
@@ -167,3 +167,175 @@ async def test_no_cors_setting_no_cors_headers(client: httpx2.AsyncClient) -> No
     assert not [h for h in response.headers if h.lower().startswith("access-control-")]
     plain = await client.get("/agentik", headers={"Origin": APP})
     assert not [h for h in plain.headers if h.lower().startswith("access-control-")]
+
+
+# --- idempotent writes ---------------------------------------------------------------------------
+
+
+async def count_user_messages(client: httpx2.AsyncClient, cid: str) -> int:
+    response = await client.get(f"/agentik/conversations/{cid}/messages")
+    assert response.status_code == 200, response.text
+    return sum(1 for m in response.json() if m["message"]["type"] == "user_message")
+
+
+async def test_idempotent_create_and_send_survive_a_restart(
+    tmp_path: Any, openai: ScriptedOpenAI
+) -> None:
+    config = make_config(tmp_path, openai)
+    openai.default = Reply(text="ok")
+    url = "/agentik/conversations"
+    async with serve_app(config) as served:
+        async with httpx2.AsyncClient(base_url=served.url, timeout=10) as http:
+            made = await http.post(url, json={"title": "t"}, headers={"Idempotency-Key": "c1"})
+            again = await http.post(url, json={"title": "t"}, headers={"Idempotency-Key": "c1"})
+            assert made.status_code == again.status_code == 201
+            cid = made.json()["id"]
+            assert again.json()["id"] == cid
+            listed = (await http.get(url)).json()["conversations"]
+            assert [c["id"] for c in listed] == [cid]
+            other = await http.post(url, json={"title": "u"}, headers={"Idempotency-Key": "c1"})
+            assert other.status_code == 422
+            assert other.json()["error"]["code"] == "idempotency_key_reused"
+
+            send = f"/agentik/conversations/{cid}/messages"
+            first = await http.post(send, json={"content": TEXT}, headers={"Idempotency-Key": "m1"})
+            second = await http.post(send, json={"content": TEXT},
+                                     headers={"Idempotency-Key": "m1"})
+            assert first.status_code == second.status_code == 202
+            message_id = first.json()["message_id"]
+            assert second.json()["message_id"] == message_id
+            changed = await http.post(send, json={"content": [{"type": "text", "body": "other"}]},
+                                      headers={"Idempotency-Key": "m1"})
+            assert changed.status_code == 422
+            assert (await count_user_messages(http, cid)) == 1
+
+    async with serve_app(config) as served:
+        async with httpx2.AsyncClient(base_url=served.url, timeout=10) as http:
+            send = f"/agentik/conversations/{cid}/messages"
+            after = await http.post(send, json={"content": TEXT}, headers={"Idempotency-Key": "m1"})
+            assert after.status_code == 202 and after.json()["message_id"] == message_id
+            remade = await http.post(url, json={"title": "t"}, headers={"Idempotency-Key": "c1"})
+            assert remade.status_code == 201 and remade.json()["id"] == cid
+            assert (await count_user_messages(http, cid)) == 1
+            # without a key every send is a new message
+            plain = await http.post(send, json={"content": TEXT})
+            assert plain.status_code == 202 and plain.json()["message_id"] != message_id
+            assert (await count_user_messages(http, cid)) == 2
+
+
+async def test_idempotency_keys_expire(tmp_path: Any, openai: ScriptedOpenAI) -> None:
+    openai.default = Reply(text="ok")
+    # a key that lives a microsecond is gone by the retry: the retry is a new write
+    async with serve_app(make_config(tmp_path, openai, idempotency_ttl=1e-6)) as served:
+        async with httpx2.AsyncClient(base_url=served.url, timeout=10) as http:
+            url = "/agentik/conversations"
+            one = await http.post(url, json={}, headers={"Idempotency-Key": "k"})
+            two = await http.post(url, json={}, headers={"Idempotency-Key": "k"})
+            assert one.status_code == two.status_code == 201
+            assert one.json()["id"] != two.json()["id"]
+
+
+# --- busy policy ---------------------------------------------------------------------------------
+
+
+async def test_busy_reject_stores_nothing_and_interrupt_takes_over(
+    client: httpx2.AsyncClient, openai: ScriptedOpenAI
+) -> None:
+    cid = await create(client)
+    send = f"/agentik/conversations/{cid}/messages"
+    openai.push(Hang(text_before="partial "), Reply(text="the new answer"))
+    async with open_sse(client, f"/agentik/conversations/{cid}/events") as stream:
+        assert (await client.post(send, json={"content": TEXT})).status_code == 202
+        with trio.fail_after(10):
+            await openai.wait_requests(1)  # the first turn runs
+        rejected = await client.post(send, json={"content": TEXT, "on_busy": "reject"})
+        assert rejected.status_code == 409, rejected.text
+        assert rejected.json()["error"]["code"] == "busy"
+        assert (await count_user_messages(client, cid)) == 1
+
+        bad = await client.post(send, json={"content": TEXT, "on_busy": "later"})
+        assert bad.status_code == 400
+
+        taken = await client.post(send, json={"content": [{"type": "text", "body": "now"}],
+                                              "on_busy": "interrupt"})
+        assert taken.status_code == 202
+        with trio.fail_after(10):
+            frames = [f.event for f in await stream.until("assistant_message")]
+            frames += [f.event for f in await stream.until("assistant_message")]
+    # the first turn ends interrupted (its partial answer kept), the new message is answered
+    assert frames.count("interrupted") == 1
+    assert frames.index("interrupted") < len(frames) - 1
+    messages = (await client.get(f"/agentik/conversations/{cid}/messages")).json()
+    answers = [m["message"] for m in messages if m["message"]["type"] == "assistant_message"]
+    assert answers[0]["interrupted"] is True and "partial" in str(answers[0])
+    assert answers[-1]["interrupted"] is False and "the new answer" in str(answers[-1])
+
+
+async def test_busy_policy_default_from_the_setting(tmp_path: Any, openai: ScriptedOpenAI) -> None:
+    async with serve_app(make_config(tmp_path, openai, busy_policy="reject")) as served:
+        async with httpx2.AsyncClient(base_url=served.url, timeout=10) as http:
+            cid = await create(http)
+            openai.default = Hang()
+            send = f"/agentik/conversations/{cid}/messages"
+            assert (await http.post(send, json={"content": TEXT})).status_code == 202
+            with trio.fail_after(10):
+                await openai.wait_requests(1)
+            assert (await http.post(send, json={"content": TEXT})).status_code == 409
+            queued = await http.post(send, json={"content": TEXT, "on_busy": "queue"})
+            assert queued.status_code == 202
+
+
+# --- kind filter ---------------------------------------------------------------------------------
+
+
+async def test_kind_filter_on_sse_and_websocket(
+    client: httpx2.AsyncClient, server: Server, openai: ScriptedOpenAI
+) -> None:
+    openai.default = Reply(text="ok")
+    start = (await client.get("/agentik/cursor")).json()["current"]
+    cid = await create(client, title="a")
+    await turn(client, cid)
+    assert (await client.patch(f"/agentik/conversations/{cid}", json={"title": "b"})).status_code == 200
+    assert (await client.delete(f"/agentik/conversations/{cid}")).status_code == 204
+    head = (await client.get("/agentik/cursor")).json()["current"]
+    head_offset = int(head.split(":")[1])
+
+    async def read(kind: str | None) -> list[str]:
+        params = {} if kind is None else {"kind": kind}
+        async with open_sse(client, "/agentik/events", after=start, params=params) as stream:
+            out: list[str] = []
+            with trio.fail_after(10):
+                while True:
+                    frame = await stream.next_event()
+                    out.append(frame.event)
+                    if int(frame.id.split(":")[1]) >= head_offset:
+                        return out
+                    if kind == "agent" and frame.event == "deleted":
+                        return out
+                    if kind == "conversation" and frame.event == "conversation_closing":
+                        return out
+
+    agent = await read("agent")
+    assert agent[0] == "created" and agent[-1] == "deleted"
+    assert set(agent) == {"created", "renamed", "touched", "deleted"}  # only these
+    inside = await read("conversation")
+    assert "user_message" in inside and "assistant_message" in inside
+    assert not set(inside) & {"created", "renamed", "touched", "deleted"}
+    everything = await read(None)
+    assert set(agent) | set(inside) <= set(everything)
+    bad = await client.get("/agentik/events", params={"kind": "nope"})
+    assert bad.status_code == 400
+
+    from trio_websocket import open_websocket_url
+
+    from tests.webutil import WsClient
+
+    async with open_websocket_url(server.ws_url) as ws:
+        wsc = WsClient(ws)
+        reply = await wsc.call("subscribe", stream="events", after=start, kind="agent")
+        assert reply["type"] == "reply", reply
+        with trio.fail_after(10):
+            got = await wsc.events(reply["result"]["subscription"], until="deleted")
+        assert {e["event"]["type"] for e in got} == {"created", "renamed", "touched", "deleted"}
+        wrong = await wsc.call("subscribe", stream="live", conversation_id=cid, kind="agent")
+        assert wrong["type"] == "error"

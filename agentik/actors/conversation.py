@@ -56,6 +56,11 @@ from agentik.wire import (
 log = logging.getLogger(__name__)
 
 
+def turn_fields(conversation_id: str, turn_id: str | None) -> dict[str, str | None]:
+    """A turn line's context for structured logs (AGENTIK_LOG_FORMAT=json)."""
+    return {"conversation_id": conversation_id, "turn_id": turn_id}
+
+
 class _TooBig(Exception):
     """The current turn cannot fit the context window: it fails with ``message``, and its
     working-memory items from ``forget_from`` on are removed (the journal keeps them)."""
@@ -114,12 +119,13 @@ class ConversationActor:
     async def run_turn(self, turn: Turn) -> None:
         """Run one turn in its own cancel scope (the handle's ``interrupt`` cancels it) and end
         it exactly once: with its answer, or through :meth:`_end`."""
+        h = self.h
+        h.current = turn  # busy from here on (a send's on_busy sees it), even while it is stored
         await turn.stored.wait()
         if not turn.store_ok:
+            h.current = None
             return
         state = logic.TurnState(conversation_id=self.h.conversation_id, turn_id=turn.turn_id)
-        h = self.h
-        h.current = turn
         h.interrupt_requested = False
         crashed = False
         failed: logic.Failed | None = None
@@ -218,7 +224,8 @@ class ConversationActor:
             if state.round_text or state.calls:
                 raise  # the model already answered something: nothing to retry
             log.info("conversation %s: the backend reported a context overflow (%s); "
-                     "compacting and retrying the round", self.h.conversation_id, exc)
+                     "compacting and retrying the round", self.h.conversation_id, exc,
+                     extra=turn_fields(self.h.conversation_id, state.turn_id))
             await self.close_llm()
             max_output = await self._prepare_round(tools, first_round=first, force=True,
                                                    reported=exc.tokens)
@@ -374,7 +381,8 @@ class ConversationActor:
         except (StorageError, RuntimeClosedError) as exc:
             # The turn row stays open; the next start-up closes it with an Error record.
             log.error("could not store the end of turn %s (%s): %s",
-                      self.h.conversation_id, type(op).__name__, exc)
+                      self.h.conversation_id, type(op).__name__, exc,
+                      extra=turn_fields(self.h.conversation_id, getattr(op, "turn_id", None)))
 
     async def end_crashed(self, turn: Turn, exc: BaseException) -> None:
         """Close ``turn`` with a crash Error (the supervisor calls this after a bug, or for the

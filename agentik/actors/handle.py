@@ -22,7 +22,7 @@ import trio
 from agentik import metrics
 from agentik.actors.deps import Deps
 from agentik.actors.messages import MailboxMessage, Turn
-from agentik.errors import ConversationFailedError, MailboxFullError
+from agentik.errors import BusyError, ConversationFailedError, MailboxFullError
 from agentik.storage import ops
 from agentik.wire import Content, MessageContext, MessageRecord, UserMessage
 
@@ -61,16 +61,38 @@ class ConversationHandle:
     exited: trio.Event = field(default_factory=trio.Event)
     crashes: deque[float] = field(default_factory=deque)
 
-    async def submit(self, content: Sequence[Content], context: MessageContext | None) -> MessageRecord:
-        """Queue a turn and store its user message. Returns the stored record once durable.
+    def busy(self) -> bool:
+        """A turn is running, being stored or waiting in the mailbox."""
+        return self.current is not None or self.queued() > 0
 
-        Raises MailboxFullError, ConversationFailedError, NotFoundError (deleted meanwhile),
-        StorageError; HandleClosed if this handle was just passivated.
+    async def submit(
+        self,
+        content: Sequence[Content],
+        context: MessageContext | None,
+        *,
+        on_busy: str | None = None,
+        idempotency: ops.Idempotency | None = None,
+    ) -> str:
+        """Queue a turn and store its user message. Returns the message id once durable (for a
+        replayed ``idempotency`` key: the first write's id, and nothing runs).
+
+        ``on_busy`` (default ``config.busy_policy``) decides what a send to a busy conversation
+        does: ``queue`` waits its turn, ``reject`` raises BusyError and stores nothing,
+        ``interrupt`` interrupts the running turn and queues this one.
+
+        Raises MailboxFullError, BusyError, ConversationFailedError, NotFoundError (deleted
+        meanwhile), IdempotencyKeyReusedError, StorageError; HandleClosed if this handle was just
+        passivated.
         """
         if self.failed:
             raise ConversationFailedError(
                 f"conversation {self.conversation_id!r} crashed too often and takes no more turns"
             )
+        policy = on_busy or self.deps.config.busy_policy
+        busy = self.busy()
+        if busy and policy == "reject":
+            metrics.BUSY_REJECTIONS.inc()
+            raise BusyError(f"conversation {self.conversation_id!r} is running a turn")
         turn = Turn(turn_id=uuid.uuid4().hex, content=tuple(content), context=context)
         try:
             self.mailbox.send_nowait(turn)
@@ -83,20 +105,25 @@ class ConversationHandle:
             ) from None
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise HandleClosed() from None
+        if busy and policy == "interrupt":
+            self.interrupt()
         ok = False
         try:
             # Shielded: once queued, the store must finish and settle the turn, or the actor
             # would wait on it and the turn row would dangle.
             with trio.CancelScope(shield=True):
-                record: MessageRecord = await self.deps.storage.write(
+                result: MessageRecord | ops.Replayed = await self.deps.storage.write(
                     ops.AppendUserMessage(
                         conversation_id=self.conversation_id,
                         message_id=turn.turn_id,
                         message=UserMessage(content=list(content), context=context),
+                        idempotency=idempotency,
                     )
                 )
+            if isinstance(result, ops.Replayed):
+                return result.result_id  # a retry that raced its first write: nothing runs
             ok = True
-            return record
+            return result.id
         finally:
             turn.settle(ok)
 

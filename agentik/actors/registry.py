@@ -21,10 +21,10 @@ from agentik.actors.deps import Deps
 from agentik.actors.handle import ConversationHandle, HandleClosed
 from agentik.actors.messages import MailboxMessage
 from agentik.actors.supervisor import supervise
-from agentik.errors import NotFoundError, RuntimeClosedError
+from agentik.errors import IdempotencyKeyReusedError, NotFoundError, RuntimeClosedError
 from agentik.storage import ops
-from agentik.storage.queries import get_conversation
-from agentik.wire import Content, ConversationRecord, MessageContext, MessageRecord
+from agentik.storage.queries import get_conversation, idempotency_key
+from agentik.wire import Content, ConversationRecord, MessageContext
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +50,46 @@ class Registry:
         await self.nursery.start(partial(supervise, handle))
         return handle
 
-    async def create(self, *, temp: bool, title: str | None = None) -> ConversationRecord:
-        """Store a new conversation (with its system prompt, atomically) and start its actor.
-        Raises StorageError."""
+    async def create(
+        self, *, temp: bool, title: str | None = None, idempotency: ops.Idempotency | None = None
+    ) -> ConversationRecord:
+        """Store a new conversation (with its system prompt, atomically) and start its actor. A
+        replayed ``idempotency`` key returns the conversation its first write made. Raises
+        StorageError, IdempotencyKeyReusedError, NotFoundError (replay of a deleted one)."""
+        if idempotency is not None:
+            replayed = await self._replayed(idempotency)
+            if replayed is not None:
+                return await self._replayed_conversation(replayed)
         conversation_id = uuid.uuid4().hex
-        record: ConversationRecord = await self.deps.storage.write(
+        result: ConversationRecord | ops.Replayed = await self.deps.storage.write(
             ops.CreateConversation(
                 conversation_id=conversation_id, title=title, is_temporal=temp,
-                system_prompt=self.deps.config.system_prompt,
+                system_prompt=self.deps.config.system_prompt, idempotency=idempotency,
             )
         )
+        if isinstance(result, ops.Replayed):
+            return await self._replayed_conversation(result.result_id)
         await self._start(conversation_id)
+        return result
+
+    async def _replayed(self, idem: ops.Idempotency) -> str | None:
+        """The result id stored under ``idem.key`` (None: not stored, or expired). The writer
+        checks again inside its transaction; this read only spares the common retry a write.
+        Raises IdempotencyKeyReusedError."""
+        row = await self.deps.storage.reader.run(idempotency_key, idem.key, time.time())
+        if row is None:
+            return None
+        fingerprint, result_id = row
+        if fingerprint != idem.fingerprint:
+            raise IdempotencyKeyReusedError(
+                "this Idempotency-Key was already used with another request")
+        return result_id
+
+    async def _replayed_conversation(self, conversation_id: str) -> ConversationRecord:
+        record = await self.deps.storage.reader.run(get_conversation, conversation_id)
+        if record is None:
+            raise NotFoundError(f"conversation {conversation_id!r} (made by this "
+                                "Idempotency-Key) was deleted")
         return record
 
     async def get(self, conversation_id: str) -> ConversationHandle | None:
@@ -87,18 +116,30 @@ class Registry:
             event.set()
 
     async def submit(
-        self, conversation_id: str, content: Sequence[Content], context: MessageContext | None
-    ) -> MessageRecord:
+        self,
+        conversation_id: str,
+        content: Sequence[Content],
+        context: MessageContext | None,
+        *,
+        on_busy: str | None = None,
+        idempotency: ops.Idempotency | None = None,
+    ) -> str:
         """Queue a turn on the conversation (cold-loading it) and store its user message; returns
-        the stored record. A handle passivated between lookup and send is looked up again.
-        Raises NotFoundError, MailboxFullError, ConversationFailedError, StorageError,
-        RuntimeClosedError."""
+        the stored message's id (a replayed ``idempotency`` key: the first one's, nothing runs).
+        A handle passivated between lookup and send is looked up again. Raises NotFoundError,
+        MailboxFullError, BusyError, ConversationFailedError, IdempotencyKeyReusedError,
+        StorageError, RuntimeClosedError."""
+        if idempotency is not None:
+            replayed = await self._replayed(idempotency)
+            if replayed is not None:
+                return replayed
         for _ in range(_SUBMIT_ATTEMPTS):
             handle = await self.get(conversation_id)
             if handle is None:
                 raise NotFoundError(f"conversation {conversation_id!r} not found")
             try:
-                return await handle.submit(content, context)
+                return await handle.submit(
+                    content, context, on_busy=on_busy, idempotency=idempotency)
             except HandleClosed:
                 continue
         raise RuntimeClosedError(f"conversation {conversation_id!r} keeps closing")

@@ -39,7 +39,11 @@ async def supervise(
                     await actor.run()
                     return
                 except Exception as exc:
-                    log.exception("conversation %s crashed", handle.conversation_id)
+                    log.exception(
+                        "conversation %s crashed", handle.conversation_id,
+                        extra={"conversation_id": handle.conversation_id,
+                               "turn_id": None if handle.current is None
+                               else handle.current.turn_id})
                     turn = handle.current
                     handle.current = None
                     handle.turn_scope = None

@@ -83,10 +83,9 @@ class HttpOutbox:
     def agent_events(
         self, after: Cursor | None = None, *, on_open: OnOpen | None = None
     ) -> AsyncGenerator[CommonEvent, None]:
-        """Conversation-list events only: Created, Deleted, Renamed, Touched.
-
-        The server has no agent-only SSE route, so this filters the full stream client-side."""
-        return agent_only(self.events(after, on_open=on_open))
+        """Conversation-list events only: Created, Deleted, Renamed, Touched. The server filters
+        (``?kind=agent``); the client checks again, for servers older than the filter."""
+        return agent_only(self._agent._durable("/agentik/events", after, on_open, kind="agent"))
 
     def conversation_events(
         self, after: Cursor | None, conversation_id: str, *, on_open: OnOpen | None = None
@@ -125,11 +124,19 @@ class HttpConversation(ConversationView):
         return self._agent.supports_image_input
 
     async def send(
-        self, content: Sequence[Content] | Content | str, context: MessageContext | None = None
+        self,
+        content: Sequence[Content] | Content | str,
+        context: MessageContext | None = None,
+        *,
+        on_busy: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
         """Queue a user message; returns its id once the server stored it (202). The answer
-        arrives as events. Raises MailboxFullError, NotFoundError, ConversationFailedError."""
-        return await self._agent.send(self.id, content, context)
+        arrives as events. ``on_busy``: queue | reject | interrupt (default: the server's
+        AGENTIK_BUSY_POLICY). Raises MailboxFullError, BusyError, NotFoundError,
+        ConversationFailedError; see :meth:`AgentikAgent.send` for the idempotency key."""
+        return await self._agent.send(self.id, content, context, on_busy=on_busy,
+                                      idempotency_key=idempotency_key)
 
     async def interrupt(self) -> bool:
         """Cancel the running turn (Interrupted event). Returns whether a turn was running."""

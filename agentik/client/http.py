@@ -14,10 +14,12 @@ or in the middle (the server's ``event: gap`` frame).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
+import anyio
 import httpx2
 
 from agentik.client.errors import AgentikConnectionError, error_from_response
@@ -29,7 +31,7 @@ from agentik.client.handles import (
     conversation_path,
 )
 from agentik.client.streams import OnOpen, decode_answer, read_durable, read_live
-from agentik.errors import InvalidInputError, NotFoundError, RuntimeClosedError
+from agentik.errors import InvalidInputError, NotFoundError, RuntimeClosedError, StorageError
 from agentik.protocol import (
     AgentInfo,
     CreateConversationBody,
@@ -96,6 +98,7 @@ class AgentikAgent:
         timeout: float = 30.0,
         stream_read_timeout: float | None = 45.0,
         transport: httpx2.AsyncBaseTransport | None = None,
+        write_retries: int = 2,
     ) -> None:
         self.client_id = id
         self.base_url = _api_root(base_url)
@@ -109,6 +112,8 @@ class AgentikAgent:
             # Streams are long-lived; don't let a pool limit make the N+1st wait forever.
             limits=httpx2.Limits(max_connections=None, max_keepalive_connections=20),
         )
+        #: times a send or a create is sent again (same Idempotency-Key) after no answer or a 503
+        self.write_retries = write_retries
         self._closed = False
         self._info: AgentInfo | None = None
         self._epoch: str | None = None
@@ -159,9 +164,12 @@ class AgentikAgent:
 
     # --- conversations ---------------------------------------------------------------------------
 
-    async def create_conversation(self, temp: bool = False, title: str | None = None) -> HttpConversation:
+    async def create_conversation(
+        self, temp: bool = False, title: str | None = None, *, idempotency_key: str | None = None
+    ) -> HttpConversation:
+        """Idempotent like :meth:`send`: a retry never makes a second conversation."""
         body = encode(CreateConversationBody(temp=temp, title=title))
-        raw = await self._request("POST", "/agentik/conversations", content=body)
+        raw = await self._idempotent_write("/agentik/conversations", body, idempotency_key)
         return HttpConversation(self, decode_answer(raw, ConversationRecord))
 
     async def get_conversation(self, conversation_id: str) -> HttpConversation | None:
@@ -197,12 +205,30 @@ class AgentikAgent:
         conversation_id: str,
         content: Sequence[Content] | Content | str,
         context: MessageContext | None = None,
+        *,
+        on_busy: str | None = None,
+        idempotency_key: str | None = None,
     ) -> str:
-        body = encode(SendMessageBody(content=_content(content), context=context))
-        raw = await self._request(
-            "POST", f"{conversation_path(conversation_id)}/messages", content=body
-        )
+        """Queue a user message; returns its id. Every send carries an ``Idempotency-Key`` (a
+        fresh one unless given) and is sent again with the same key, up to ``write_retries``
+        times, when no answer came (connection lost, timeout) or the server said 503: a retry of
+        a send that was in fact stored returns the first message's id and stores nothing."""
+        body = encode(SendMessageBody(content=_content(content), context=context,
+                                      on_busy=cast(Any, on_busy)))  # the server validates it
+        raw = await self._idempotent_write(
+            f"{conversation_path(conversation_id)}/messages", body, idempotency_key)
         return decode_answer(raw, MessageAccepted).message_id
+
+    async def _idempotent_write(self, path: str, body: bytes, key: str | None) -> bytes:
+        headers = {"Idempotency-Key": key or uuid.uuid4().hex}
+        for attempt in range(self.write_retries + 1):
+            try:
+                return await self._request("POST", path, content=body, headers=headers)
+            except (AgentikConnectionError, RuntimeClosedError, StorageError):
+                if attempt == self.write_retries or self._closed:
+                    raise
+                await anyio.sleep(min(0.25 * 2**attempt, 2.0))
+        raise AssertionError("unreachable")
 
     async def conversations_snapshot(self, offset: int = 0, limit: int = 100) -> ConversationsSnapshot:
         """The conversation list at a cursor: every change <= cursor is in it."""
@@ -232,11 +258,12 @@ class AgentikAgent:
 
     async def _request(
         self, method: str, path: str, *, params: dict[str, Any] | None = None,
-        content: bytes | None = None,
+        content: bytes | None = None, headers: dict[str, str] | None = None,
     ) -> bytes:
         self._check_open()
         try:
-            response = await self._http.request(method, path, params=params, content=content)
+            response = await self._http.request(
+                method, path, params=params, content=content, headers=headers)
         except httpx2.TransportError as exc:
             raise self._unreachable(exc) from exc
         if response.status_code >= 400:
@@ -244,10 +271,10 @@ class AgentikAgent:
         return response.content
 
     def _durable(
-        self, path: str, after: Cursor | None, on_open: OnOpen | None
+        self, path: str, after: Cursor | None, on_open: OnOpen | None, *, kind: str | None = None
     ) -> AsyncGenerator[CommonEvent, None]:
         return read_durable(
-            self._http, path, after, self._stream_timeout, on_open, self._check_open
+            self._http, path, after, self._stream_timeout, on_open, self._check_open, kind
         )
 
     def _live(self, path: str, on_open: OnOpen | None) -> AsyncGenerator[CommonEvent, None]:

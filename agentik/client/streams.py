@@ -77,8 +77,10 @@ async def read_durable(
     limits: httpx2.Timeout,
     on_open: OnOpen | None,
     check: Callable[[], None],
+    kind: str | None = None,
 ) -> AsyncGenerator[CommonEvent, None]:
-    """``check()`` runs at the first step (e.g. raising for a closed client)."""
+    """``check()`` runs at the first step (e.g. raising for a closed client). ``kind``: the
+    server-side filter (``?kind=``)."""
     check()
 
     def opened(response: httpx2.Response) -> None:
@@ -87,6 +89,8 @@ async def read_durable(
             on_open(Cursor.parse(header) if header else after)
 
     params = {} if after is None else {"after": str(after)}
+    if kind is not None:
+        params["kind"] = kind
     frames = _frames(http, path, params, limits, opened)
     try:
         async for frame in frames:

@@ -24,11 +24,32 @@ class Op(msgspec.Struct, frozen=True, kw_only=True):
     pass
 
 
+class Idempotency(msgspec.Struct, frozen=True, kw_only=True):
+    """An ``Idempotency-Key`` stored with the write it came with, in the same transaction
+    (table ``idempotency_key``). A key already stored and not expired makes the write a replay:
+    nothing is written and the op's result is :class:`Replayed` (same ``fingerprint``) or
+    IdempotencyKeyReusedError (another one). ``fingerprint`` covers the route, the
+    conversation and the body. The PostgreSQL engine must keep the same contract."""
+
+    key: str
+    fingerprint: str
+    #: seconds the key is remembered (AGENTIK_IDEMPOTENCY_TTL)
+    ttl: float
+
+
+class Replayed(msgspec.Struct, frozen=True, kw_only=True):
+    """The result of an idempotent op whose key was already stored: the id its first write
+    returned (a message id, a conversation id)."""
+
+    result_id: str
+
+
 class CreateConversation(Op, frozen=True, kw_only=True):
     conversation_id: str
     title: str | None
     is_temporal: bool
     system_prompt: str
+    idempotency: Idempotency | None = None
 
 
 class DeleteConversation(Op, frozen=True, kw_only=True):
@@ -47,6 +68,7 @@ class AppendUserMessage(Op, frozen=True, kw_only=True):
     conversation_id: str
     message_id: str
     message: UserMessage
+    idempotency: Idempotency | None = None
 
 
 class StartTurn(Op, frozen=True, kw_only=True):

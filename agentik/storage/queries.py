@@ -149,6 +149,15 @@ def has_conversation_events(conn: sqlite3.Connection, conversation_id: str, afte
 # --- A2A tasks (SPEC §11) ------------------------------------------------------------------------
 
 
+def idempotency_key(conn: sqlite3.Connection, key: str, now: float) -> tuple[str, str] | None:
+    """(fingerprint, result_id) stored under an Idempotency-Key that has not expired."""
+    row = conn.execute(
+        "SELECT fingerprint, result_id FROM idempotency_key WHERE key = ? AND expires_at > ?",
+        (key, now),
+    ).fetchone()
+    return None if row is None else (str(row[0]), str(row[1]))
+
+
 @dataclass(frozen=True, slots=True)
 class A2ATaskRow:
     """One stored A2A task: ``payload`` is its A2A Task JSON; ``first_seq`` the offset of its

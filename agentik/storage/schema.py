@@ -11,6 +11,9 @@ Tables:
   always one contiguous range.
 - ``a2a_task`` (v2): A2A tasks (SPEC §11). ``payload`` is the A2A Task JSON; ``first_seq`` is the
   offset of the task's first event, ``seq`` of its last change (both from the one counter).
+- ``idempotency_key`` (v3): Idempotency-Keys of writes (``ops.Idempotency``), stored in the
+  write's transaction; ``result_id`` is what the first write returned; rows past ``expires_at``
+  are ignored and deleted by later writes.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import secrets
 import sqlite3
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -83,8 +86,19 @@ CREATE INDEX a2a_task_by_context ON a2a_task (context_id, first_seq);
 CREATE INDEX a2a_task_by_state ON a2a_task (state);
 """
 
+_V3 = """
+CREATE TABLE idempotency_key (
+    key TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    result_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX idempotency_key_by_expiry ON idempotency_key (expires_at);
+"""
+
 #: version -> script that brings a database from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
 
 
 def migrate(conn: sqlite3.Connection) -> None:

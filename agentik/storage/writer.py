@@ -19,7 +19,13 @@ from typing import Any, assert_never
 
 import msgspec
 
-from agentik.errors import AgentikError, ConflictError, NotFoundError, StorageError
+from agentik.errors import (
+    AgentikError,
+    ConflictError,
+    IdempotencyKeyReusedError,
+    NotFoundError,
+    StorageError,
+)
 from agentik.storage import ops
 from agentik.storage.dblock import lock_database
 from agentik.storage.schema import migrate
@@ -478,13 +484,13 @@ def apply_op(conn: sqlite3.Connection, tx: _Tx, op: ops.AnyOp) -> Any:
     refused op (rolled back alone) and sqlite3.Error for a storage failure (fails the batch)."""
     match op:
         case ops.CreateConversation():
-            return _create(conn, tx, op)
+            return _idempotent(conn, tx, op.idempotency, lambda: _create(conn, tx, op))
         case ops.DeleteConversation():
             return _delete_op(conn, tx, op)
         case ops.RenameConversation():
             return _rename(conn, tx, op)
         case ops.AppendUserMessage():
-            return _append_user(conn, tx, op)
+            return _idempotent(conn, tx, op.idempotency, lambda: _append_user(conn, tx, op))
         case ops.StartTurn():
             return _start_turn(conn, tx, op)
         case ops.AppendToolCalls():
@@ -503,6 +509,35 @@ def apply_op(conn: sqlite3.Connection, tx: _Tx, op: ops.AnyOp) -> Any:
             return _put_a2a_task(conn, tx, op)
         case _:
             assert_never(op)
+
+
+# --- idempotency keys (ops.Idempotency; the PostgreSQL engine mirrors these) ----------------------
+
+
+def _idempotent(
+    conn: sqlite3.Connection, tx: _Tx, idem: ops.Idempotency | None,
+    write: Callable[[], MessageRecord | ConversationRecord],
+) -> Any:
+    """Run ``write`` and store its key with it, or answer a replay of a stored key."""
+    if idem is None:
+        return write()
+    conn.execute("DELETE FROM idempotency_key WHERE expires_at <= ?", (tx.now,))
+    row = conn.execute(
+        "SELECT fingerprint, result_id FROM idempotency_key WHERE key=?", (idem.key,)
+    ).fetchone()
+    if row is not None:
+        if row[0] != idem.fingerprint:
+            raise IdempotencyKeyReusedError(
+                "this Idempotency-Key was already used with another request"
+            )
+        return ops.Replayed(result_id=row[1])
+    result = write()
+    conn.execute(
+        "INSERT INTO idempotency_key (key, fingerprint, result_id, created_at, expires_at) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (idem.key, idem.fingerprint, result.id, tx.now, tx.now + idem.ttl),
+    )
+    return result
 
 
 def _put_a2a_task(conn: sqlite3.Connection, tx: _Tx, op: ops.PutA2ATask) -> int:

@@ -139,6 +139,10 @@ def log_request(
     target = logsafe.safe_text(path, secrets)
     if query:
         target += "?" + logsafe.safe_query(query.decode("latin-1"), secrets)
-    elapsed = "" if started is None else f" {1000 * (time.perf_counter() - started):.1f}ms"
+    duration = None if started is None else round(1000 * (time.perf_counter() - started), 1)
+    elapsed = "" if duration is None else f" {duration:.1f}ms"
     client = logsafe.safe_text((client_id or "-")[:64], secrets)
-    access_log.info("%s %s %d client=%s%s", method, target, status, client, elapsed)
+    # the fields again for AGENTIK_LOG_FORMAT=json (agentik.web.logjson), already made safe
+    extra = {"method": method, "path": target, "status": status, "duration_ms": duration,
+             "client_id": client}
+    access_log.info("%s %s %d client=%s%s", method, target, status, client, elapsed, extra=extra)

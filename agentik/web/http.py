@@ -64,6 +64,11 @@ def opt_int_param(name: str) -> int | None:
     return int(raw)
 
 
+def idempotency_key() -> str | None:
+    """The request's ``Idempotency-Key`` header (SPEC §6), None without one."""
+    return request.headers.get("Idempotency-Key")
+
+
 async def read_body(limit: int) -> bytes:
     """The request body, refusing more than ``limit`` bytes: by Content-Length before reading,
     and while reading (chunked bodies have no length). Raises PayloadTooLargeError."""
@@ -180,7 +185,8 @@ async def list_conversations() -> Response:
 async def create_conversation() -> Response:
     agent = state().require_agent()
     body = await json_body(CreateConversationBody, empty=CreateConversationBody())
-    conv = await agent.create_conversation(temp=body.temp, title=body.title)
+    conv = await agent.create_conversation(
+        temp=body.temp, title=body.title, idempotency_key=idempotency_key())
     return json_response(conv.record, 201)
 
 
@@ -217,7 +223,8 @@ async def delete_conversation(conversation_id: str) -> Response:
 async def send_message(conversation_id: str) -> Response:
     agent = state().require_agent()
     body = await json_body(SendMessageBody)
-    message_id = await agent.send(conversation_id, body.content, body.context)
+    message_id = await agent.send(conversation_id, body.content, body.context,
+                                  on_busy=body.on_busy, idempotency_key=idempotency_key())
     return json_response(MessageAccepted(message_id=message_id), 202)
 
 

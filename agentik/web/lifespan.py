@@ -37,11 +37,15 @@ class StartupFailed(RuntimeError):
 async def start_runtime(app: QuartTrio, st: WebState) -> None:
     """before_serving. Raises RuntimeError with a one-line message if the runtime cannot start
     (hypercorn reports it and exits non-zero)."""
-    process.setup_logging()
     process.die_with_supervisor()
     try:
         if st.config is None:
-            st.config = Config.from_env()
+            try:
+                st.config = Config.from_env()
+            finally:
+                process.setup_logging("text" if st.config is None else st.config.log_format)
+        else:
+            process.setup_logging(st.config.log_format)
         app.config["MAX_CONTENT_LENGTH"] = st.config.max_body_bytes
         await app.nursery.start(hold_runtime, st, st.config)
     except Exception as exc:

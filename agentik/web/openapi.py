@@ -82,6 +82,19 @@ LAST_EVENT_ID = Param(
     "Last-Event-ID", "header", "set by a reconnecting EventSource; wins over `after`",
 )
 ACCESS_TOKEN = Param("access_token", "query", "bearer token, for clients that cannot set headers")
+IDEMPOTENCY_KEY = Param(
+    "Idempotency-Key", "header",
+    "makes a retry return the first answer and store nothing (kept AGENTIK_IDEMPOTENCY_TTL, "
+    "24 h by default; the same key with another request: 422)",
+    {"type": "string", "minLength": 1, "maxLength": 255},
+)
+KIND = Param(
+    "kind", "query",
+    "only events of this kind: `agent` (created, renamed, touched, deleted), `conversation` "
+    "(inside conversations), `a2a` (A2A task records)",
+    {"type": "string", "enum": ["agent", "conversation", "a2a"]},
+)
+PROMETHEUS = "text/plain; version=0.0.4"
 
 ROUTES: tuple[Route, ...] = (
     Route("get", "/healthz", "health", "Liveness; 503 while starting or after the runtime died",
@@ -96,7 +109,7 @@ ROUTES: tuple[Route, ...] = (
           errors=(400,)),
     Route("post", "/agentik/conversations", "createConversation",
           "Create a conversation (an empty body means {})", 201, ConversationRecord,
-          body=CreateConversationBody, errors=(400, 413)),
+          body=CreateConversationBody, params=(IDEMPOTENCY_KEY,), errors=(400, 413, 422)),
     Route("get", "/agentik/conversations/{conversation_id}", "getConversation",
           "One conversation", 200, ConversationRecord, params=(CID,), errors=(404,)),
     Route("patch", "/agentik/conversations/{conversation_id}", "renameConversation",
@@ -105,8 +118,11 @@ ROUTES: tuple[Route, ...] = (
     Route("delete", "/agentik/conversations/{conversation_id}", "deleteConversation",
           "Delete a conversation and everything of it", 204, params=(CID,), errors=(404,)),
     Route("post", "/agentik/conversations/{conversation_id}/messages", "sendMessage",
-          "Queue a user message; the answer arrives as events", 202, MessageAccepted,
-          body=SendMessageBody, params=(CID,), errors=(400, 404, 409, 413, 429)),
+          "Queue a user message; the answer arrives as events. `on_busy` says what to do when "
+          "a turn is running: queue (default AGENTIK_BUSY_POLICY), reject (409 `busy`, nothing "
+          "stored) or interrupt (the running turn is interrupted, this one runs next)", 202,
+          MessageAccepted, body=SendMessageBody, params=(CID, IDEMPOTENCY_KEY),
+          errors=(400, 404, 409, 413, 422, 429)),
     Route("post", "/agentik/conversations/{conversation_id}/interrupt", "interrupt",
           "Cancel the running turn", 202, InterruptResult, params=(CID,), errors=(404,)),
     Route("get", "/agentik/conversations/{conversation_id}/messages", "getMessages",
@@ -132,7 +148,7 @@ ROUTES: tuple[Route, ...] = (
     Route("get", "/agentik/events", "events",
           "SSE: every durable event (agent and conversation). Frames `id: EPOCH:OFFSET`, "
           "`event: <type>`, `data: <CommonEvent JSON>`", 200, CommonEvent, ok_media=SSE,
-          params=(AFTER, LAST_EVENT_ID, ACCESS_TOKEN), errors=(400, 410), query_token=True),
+          params=(AFTER, LAST_EVENT_ID, ACCESS_TOKEN, KIND), errors=(400, 410), query_token=True),
     Route("get", "/agentik/conversations/{conversation_id}/events", "conversationEvents",
           "SSE: one conversation's durable events; ends after its `deleted` event", 200,
           CommonEvent, ok_media=SSE, params=(CID, AFTER, LAST_EVENT_ID, ACCESS_TOKEN),
@@ -146,8 +162,8 @@ ROUTES: tuple[Route, ...] = (
     Route("get", "/agentik/tools", "tools", "MCP servers with their state and tools", 200,
           ToolsStatus),
     Route("get", "/agentik/openapi.json", "openapi", "This document", 200),
-    Route("get", "/metrics", "metrics", "Prometheus text exposition (same auth as the API)", 200,
-          ok_media="text/plain"),
+    Route("get", "/metrics", "metrics", "Prometheus text exposition (same auth as the API)",
+          200, ok_media=PROMETHEUS),
     Route("get", "/.well-known/agent-card.json", "a2aAgentCard",
           "A2A v1.0 agent card (public; see docs/A2A.md)", 200, open=True),
     Route("post", "/a2a", "a2aJsonRpc",
@@ -168,9 +184,11 @@ _ERROR_TEXT = {
     400: "invalid input (bad JSON, a body or parameter that fails validation)",
     401: "missing or invalid bearer token",
     404: "unknown conversation",
-    409: "the conversation crashed too often and takes no more turns",
+    409: "busy (on_busy=reject while a turn runs; nothing stored) or conversation_failed "
+         "(it crashed too often and takes no more turns)",
     410: "dead cursor: resync from a snapshot; `oldest` and `current` are in the body",
     413: "body over the size limit",
+    422: "idempotency_key_reused: this Idempotency-Key was used with another request",
     429: "the conversation's mailbox is full; see Retry-After",
     503: "the runtime is not running",
 }

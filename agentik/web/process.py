@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from agentik.web import logjson
 from agentik.web._state import JSON, WebState, log
 from agentik.web.errors import error_body
 from agentik.wire import encode
@@ -125,15 +126,18 @@ def should_watch_sigterm(st: WebState) -> bool:
     )
 
 
-def setup_logging() -> None:
+def setup_logging(log_format: str = "text") -> None:
     """Give agentik's loggers a stderr handler when nobody configured logging (plain
-    ``hypercorn`` configures only its own loggers, so INFO lines would be lost)."""
+    ``hypercorn`` configures only its own loggers, so INFO lines would be lost); with
+    ``AGENTIK_LOG_FORMAT=json`` hypercorn's own handlers get the JSON formatter too."""
+    if log_format == "json":
+        logjson.use_json_for_hypercorn()
     root = logging.getLogger()
     ours = logging.getLogger("agentik")
     if root.handlers or ours.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
+    handler.setFormatter(logjson.formatter(log_format))
     ours.addHandler(handler)
     ours.setLevel(logging.INFO)
 

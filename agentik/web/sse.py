@@ -35,7 +35,7 @@ from quart import Blueprint, Response, request
 from quart.wrappers.response import ResponseBody
 
 from agentik import metrics
-from agentik.errors import NotFoundError, OutboxGapError
+from agentik.errors import InvalidInputError, NotFoundError, OutboxGapError
 from agentik.web import logsafe
 from agentik.web._state import WebState, log, state
 from agentik.web.errors import detail_of
@@ -155,10 +155,11 @@ async def durable_pump(
     conversation_id: str | None,
     send: trio.MemorySendChannel[bytes],
     *,
+    kind: str | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     async with send:
-        stream = agent.outbox.stored_batches(after, conversation_id=conversation_id)
+        stream = agent.outbox.stored_batches(after, conversation_id=conversation_id, kind=kind)
         async with aclosing(stream):
             # The subscription is in place at the first step of the iteration, before its first
             # checkpoint, so it is registered by the time start() returns.
@@ -224,12 +225,29 @@ async def _require_conversation(agent: LocalAgent, conversation_id: str) -> None
         raise NotFoundError(f"conversation {conversation_id!r} not found")
 
 
+#: ``?kind=`` of ``/agentik/events`` (and ``kind`` of a WebSocket ``events`` subscription): the
+#: outbox kinds. ``agent``: the conversation list (created, renamed, touched, deleted);
+#: ``conversation``: what happens inside conversations (messages, tool calls, errors, ...);
+#: ``a2a``: A2A task records (``task_updated``), which are in neither of the other two.
+EVENT_KINDS = ("agent", "conversation", "a2a")
+
+
+def kind_param(raw: str | None) -> str | None:
+    """A valid event kind, None for none. Raises InvalidInputError."""
+    if raw is None or raw == "":
+        return None
+    if raw not in EVENT_KINDS:
+        raise InvalidInputError(f"kind must be one of {', '.join(EVENT_KINDS)}, got {raw!r}")
+    return raw
+
+
 @bp.get("/agentik/events")
 async def events() -> Response:
     st = state()
     agent = st.require_agent()
+    kind = kind_param(request.args.get("kind"))
     after = start_cursor(agent)
-    return stream_response(st, partial(durable_pump, agent, after, None), after)
+    return stream_response(st, partial(durable_pump, agent, after, None, kind=kind), after)
 
 
 @bp.get("/agentik/conversations/<conversation_id>/events")

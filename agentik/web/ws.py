@@ -198,7 +198,8 @@ class Session:
         """Run one command; returns the reply's ``result``. Raises AgentikError."""
         agent = self.agent
         if isinstance(frame, CreateConversation):
-            return (await agent.create_conversation(temp=frame.temp, title=frame.title)).record
+            return (await agent.create_conversation(
+                temp=frame.temp, title=frame.title, idempotency_key=frame.idempotency_key)).record
         if isinstance(frame, GetConversation):
             conv = await agent.get_conversation(frame.conversation_id)
             if conv is None:
@@ -207,7 +208,9 @@ class Session:
         if isinstance(frame, ListConversations):
             return await agent.conversations_snapshot(offset=frame.offset, limit=frame.limit)
         if isinstance(frame, SendMessage):
-            message_id = await agent.send(frame.conversation_id, frame.content, frame.context)
+            message_id = await agent.send(
+                frame.conversation_id, frame.content, frame.context, on_busy=frame.on_busy,
+                idempotency_key=frame.idempotency_key)
             return MessageAccepted(message_id=message_id)
         if isinstance(frame, InterruptTurn):
             return InterruptResult(interrupted=await agent.interrupt(frame.conversation_id))
@@ -261,6 +264,10 @@ class Session:
             outbox = self.agent.outbox
             after = outbox.resumable(Cursor.parse(frame.after) if frame.after else None)
             kind = "agent" if frame.stream == "agent" else None
+            if frame.kind is not None:
+                if frame.stream != "events":
+                    raise InvalidInputError("`kind` filters an events subscription only")
+                kind = frame.kind
             cid = conversation_id if frame.stream == "conversation" else None
             source = outbox.stored_batches(after, conversation_id=cid, kind=kind)
             to_raws = _durable_raws
