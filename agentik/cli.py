@@ -30,6 +30,7 @@ log = logging.getLogger("agentik.cli")
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentik", description="agent runtime server on trio")
+    parser.add_argument("--version", action="version", version=f"agentik {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the HTTP/SSE/WebSocket server")
@@ -39,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="port (default AGENTIK_PORT, else 8080; 0 picks a free port)")
     serve.add_argument("--graceful-timeout", type=float, default=3.0,
                        help="seconds open streams get to finish at shutdown (default 3)")
+
+    sub.add_parser("check", help="check the configuration (database, model, MCP servers) "
+                                 "without serving; exit 0 when everything is usable")
 
     chat = sub.add_parser("chat", help="chat from the terminal with a running server")
     chat.add_argument("--url", default=None,
@@ -55,7 +59,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve_command(args)
     if args.command == "chat":
         return _chat(args)
+    if args.command == "check":
+        return _check()
     raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+def _version() -> str:
+    import agentik
+
+    return agentik.__version__
+
+
+def _check() -> int:
+    """``agentik check``: one line per item; 0 when all are usable, 1 when one is not, 2 for a
+    bad setting (as ``agentik serve``)."""
+    from agentik.check import Item, run_checks
+
+    try:
+        config = Config.from_env()
+    except ConfigError as exc:
+        print(Item("config", False, str(exc)).line())
+        return 2
+    logging.basicConfig(level=logging.ERROR)  # the lines below say what went wrong
+
+    def emit(item: Item) -> None:
+        print(item.line(), flush=True)
+
+    return 0 if trio.run(run_checks, config, emit) else 1
 
 
 def _chat(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "facade": ("agentik", "agentik.runtime", "agentik.agent", "agentik.testing", "agentik.cluster"),
     "front": ("agentik.web", "agentik.a2a"),
     "client": ("agentik.client",),
-    "cli": ("agentik.cli",),
+    "cli": ("agentik.cli", "agentik.check"),
 }
 
 #: group -> the groups it may import (besides itself): the picture in docs/ARCHITECTURE.md

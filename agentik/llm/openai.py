@@ -168,6 +168,23 @@ class OpenAiLlm:
         messages = history_to_messages(history, supports_images=self.supports_images)
         return OpenAiConversation(self, messages, tools_to_openai(tools))
 
+    async def probe(self) -> str:
+        """``agentik check``: list the endpoint's models, or, where it lists none (or has no
+        models route), make a one-token request. Returns what was found; raises LlmError (its
+        message names the endpoint)."""
+        try:
+            with map_exceptions(self.errors):
+                ids = [m.id async for m in self.client.models.list()]
+        except LlmResponseError:
+            ids = []  # a server without GET /models: ask the model itself
+        if ids:
+            found = "listed" if self.model in ids else "not listed (it may still answer)"
+            return f"{self.endpoint}: {len(ids)} model(s); {self.model} {found}"
+        with map_exceptions(self.errors):
+            await self.client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+        return f"{self.endpoint}: {self.model} answered a one-token request"
+
     async def aclose(self) -> None:
         if self._closed:
             return

@@ -1,0 +1,124 @@
+"""``agentik check``: validate a configuration without serving (SPEC §9).
+
+One line per item, ``ok`` or ``failed`` and why: the settings, the database (there and
+writable), the model (the openai endpoint lists its models or answers a one-token request; the
+litert engine loads the model file), each MCP server (started, its tools listed). The exit status
+is 0 only when every item is usable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from agentik.config import Config
+from agentik.errors import AgentikError
+
+#: seconds each item may take (a model or MCP server that does not answer is a failure)
+ITEM_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok' if self.ok else 'failed':<6} {self.name}: {self.detail}"
+
+
+async def run_checks(config: Config, emit: Callable[[Item], None]) -> bool:
+    """Check everything, calling ``emit`` with each item as it is known; True when all are
+    usable."""
+    items = [Item("config", True, _describe(config))]
+    emit(items[0])
+    for name, check in (("database", _database), ("model", _model)):
+        item = await _timed(name, check, config)
+        items.append(item)
+        emit(item)
+    for item in await _mcp(config):
+        items.append(item)
+        emit(item)
+    return all(item.ok for item in items)
+
+
+def _describe(config: Config) -> str:
+    backend = config.llm_backend
+    model = (config.litert_model_path or "(no model file)") if backend == "litert" else (
+        f"{config.openai_model} at {config.openai_base_url or 'the OpenAI API'}")
+    return f"read; backend {backend} ({model})"
+
+
+async def _timed(name: str, check: Callable[[Config], object], config: Config) -> Item:
+    try:
+        with trio.fail_after(ITEM_TIMEOUT):
+            detail = await check(config)  # type: ignore[misc]
+    except trio.TooSlowError:
+        return Item(name, False, f"no answer within {ITEM_TIMEOUT:g} s")
+    except AgentikError as exc:
+        return Item(name, False, str(exc))
+    except Exception as exc:  # a check must report, never crash
+        return Item(name, False, f"{type(exc).__name__}: {exc}")
+    return Item(name, True, str(detail))
+
+
+async def _database(config: Config) -> str:
+    from agentik.storage.check import check_database
+
+    return await trio.to_thread.run_sync(check_database, config)
+
+
+async def _model(config: Config) -> str:
+    from agentik.runtime import make_llm
+
+    if config.llm_backend == "openai":
+        from agentik.llm.openai import OpenAiLlm
+
+        llm = OpenAiLlm.from_config(config.replace(llm_timeout=min(config.llm_timeout, 10.0),
+                                                   llm_max_retries=0))
+        try:
+            return await llm.probe()
+        finally:
+            await llm.aclose()
+    engine = make_llm(config)
+    try:
+        load = getattr(engine, "load", None)
+        if load is not None:
+            await load()
+        window = engine.context_window
+        return f"{config.litert_model_path}: loaded" + (
+            f", context window {window} tokens" if window else "")
+    finally:
+        await engine.aclose()
+
+
+async def _mcp(config: Config) -> list[Item]:
+    """One item per configured MCP server: started (or reached) and its tools listed."""
+    if not config.mcp_config:
+        return []
+    from agentik.tools.mcp import run_mcp_registry
+
+    try:
+        async with trio.open_nursery() as nursery:
+            registry = await nursery.start(run_mcp_registry, config)
+            names = [s["name"] for s in registry.status()]
+            with trio.move_on_after(ITEM_TIMEOUT):
+                await registry.wait_until(lambda: all(
+                    registry.server_state(n) != "connecting" for n in names))
+            status = registry.status()
+            nursery.cancel_scope.cancel()
+    except AgentikError as exc:  # a malformed mcp.json
+        return [Item("mcp", False, str(exc))]
+    items = []
+    for server in status:
+        name = f"mcp {server['name']}"
+        if server["state"] == "connected":
+            tools = ", ".join(server["tools"]) or "no tools"
+            items.append(Item(name, True, f"{len(server['tools'])} tool(s): {tools}"))
+        else:
+            why = server["error"] or f"still {server['state']} after {ITEM_TIMEOUT:g} s"
+            items.append(Item(name, False, why))
+    return items
