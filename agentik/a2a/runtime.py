@@ -4,7 +4,10 @@
   ``A2A <contextId>``), later ones use the conversation the context's latest task used, so any
   client-chosen ``contextId`` works and the exchange is an ordinary conversation over
   ``/agentik`` too. A deleted conversation gives the context a new one.
-- The message is sent like any other (``conversation.send``: a busy conversation queues it).
+- The message is sent like any other (``conversation.send``), so a busy conversation follows
+  AGENTIK_BUSY_POLICY: ``queue`` (default) queues it; ``reject`` fails the send with a JSON-RPC
+  error saying the conversation is busy (nothing stored); ``interrupt`` interrupts the running
+  turn (its task ends CANCELED) and this message runs next.
   The turn's events become the task's: ``Working`` of the turn -> WORKING; streamed text ->
   ``artifactUpdate`` chunks (``append``) of one text artifact, coalesced while a write is in
   flight; a tool call -> a WORKING status update naming the tool; the answer -> the last chunk
@@ -32,7 +35,7 @@ from agentik.a2a.service import A2AService
 from agentik.a2a.store import TaskStore
 from agentik.a2a.types import Part
 from agentik.a2a.web import A2AMount, CardInfo, mount, skills_of
-from agentik.errors import AgentikError, MailboxFullError, NotFoundError
+from agentik.errors import AgentikError, BusyError, MailboxFullError, NotFoundError
 from agentik.wire import (
     AppendText,
     AssistantMessageEvent,
@@ -151,7 +154,7 @@ class AgentikExecutor:
                 await nursery.start(self._online_side, cid, turn, updater, online)
                 try:
                     turn.turn_id = await conversation.send(to_content(request.message.parts), context)
-                except MailboxFullError as exc:
+                except (MailboxFullError, BusyError) as exc:
                     raise e.error(e.INTERNAL_ERROR, f"the conversation is busy: {exc}") from None
                 except NotFoundError as exc:
                     raise e.error(e.INTERNAL_ERROR, str(exc)) from None
