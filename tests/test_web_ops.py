@@ -339,3 +339,28 @@ async def test_kind_filter_on_sse_and_websocket(
         assert {e["event"]["type"] for e in got} == {"created", "renamed", "touched", "deleted"}
         wrong = await wsc.call("subscribe", stream="live", conversation_id=cid, kind="agent")
         assert wrong["type"] == "error"
+
+
+async def test_websocket_commands_take_on_busy_and_idempotency_key(
+    client: httpx2.AsyncClient, server: Server, openai: ScriptedOpenAI
+) -> None:
+    from trio_websocket import open_websocket_url
+
+    from tests.webutil import WsClient
+
+    async with open_websocket_url(server.ws_url) as ws:
+        wsc = WsClient(ws)
+        one = await wsc.call("create", idempotency_key="ws-c")
+        two = await wsc.call("create", idempotency_key="ws-c")
+        assert one["type"] == two["type"] == "reply"
+        cid = one["result"]["id"]
+        assert two["result"]["id"] == cid
+        openai.default = Hang()
+        first = await wsc.call("send", conversation_id=cid, content=TEXT, idempotency_key="ws-m")
+        again = await wsc.call("send", conversation_id=cid, content=TEXT, idempotency_key="ws-m")
+        assert first["result"]["message_id"] == again["result"]["message_id"]
+        with trio.fail_after(10):
+            await openai.wait_requests(1)
+        busy = await wsc.call("send", conversation_id=cid, content=TEXT, on_busy="reject")
+        assert busy["type"] == "error" and busy["error"]["code"] == "busy"
+        assert (await count_user_messages(client, cid)) == 1
