@@ -23,6 +23,7 @@ from agentik.config import BUSY_POLICIES
 from agentik.errors import InvalidInputError, NotFoundError, NotOwnerError, RuntimeClosedError
 from agentik.storage import ops
 from agentik.storage import queries as q
+from agentik.storage.hub import OnlineSubscription
 from agentik.storage.writer import StoredEvent
 from agentik.wire import (
     ChatSnapshot,
@@ -143,6 +144,11 @@ class OnlineOutbox:
     def online_events(self, conversation_id: str) -> AsyncGenerator[CommonEvent, None]:
         """Live-only events (Working, StartResponse, AppendText, End, ...); no cursor, no replay."""
         return self._hub.online_events(conversation_id)
+
+    def subscribe(self, conversation_id: str) -> OnlineSubscription:
+        """The same events on a receive channel, subscribed when this returns (no generator and
+        no task in between: the live SSE stream reads it directly); ``close()`` it when done."""
+        return self._hub.subscribe_online(conversation_id)
 
 
 class TaskRecords:

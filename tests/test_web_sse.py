@@ -15,10 +15,11 @@ import h11
 import httpx2
 import trio
 
+from agentik.storage.hub import EventHub
 from agentik.tools.base import FunctionTools
 from agentik.web.app import WebState
-from agentik.web.sse import OPENED, PUMP_BUFFER, EventStream
-from agentik.wire import Cursor
+from agentik.web.sse import HEARTBEAT, OPENED, PUMP_BUFFER, EventStream, LiveStream, ended_frame, live_frame
+from agentik.wire import AppendText, CommonEvent, Cursor
 from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
@@ -244,6 +245,50 @@ async def test_queued_batches_go_out_in_one_write() -> None:
             chunks.append(chunk)
     assert st.open_streams == 0
     assert chunks == [OPENED, b"data: 0\n\ndata: 1\n\ndata: 2\n\n"]
+
+
+def bare_hub(buffer: int) -> EventHub:
+    """A hub for online events only (they never touch the store)."""
+    return EventHub(epoch="e", head=0, oldest=1, reader=None, buffer=buffer)  # type: ignore[arg-type]
+
+
+async def test_live_stream_sends_queued_events_in_one_write_each_its_own_frame() -> None:
+    st = WebState(config=None, llm=None, tools=None, heartbeat=60, on_fatal=lambda exc: None)
+    hub = bare_hub(buffer=4)
+    texts = ["Hel", "lo", " there"]
+    body = LiveStream(st, hub.subscribe_online, "c1", heartbeat=60)
+    async with body:
+        assert (st.open_streams, hub.online_subscribers("c1")) == (1, 1)  # before ": connected"
+        assert await body.__anext__() == OPENED
+        for text in texts:
+            hub.publish_online("c1", AppendText(text=text))
+        chunk = await body.__anext__()
+        # one write, the same frames in the same order: nothing merged, nothing waited for
+        assert chunk == b"".join(
+            live_frame(CommonEvent(cursor=None, conversation_id="c1", event=AppendText(text=t)))
+            for t in texts
+        )
+        # a reader more than `buffer` behind is cut off: what was queued, then the end
+        for i in range(5):
+            hub.publish_online("c1", AppendText(text=str(i)))
+        rest = [chunk async for chunk in body]
+        assert len(rest) == 1 and rest[0].count(b"event: append_text\n") == 4
+        assert rest[0].endswith(ended_frame("overflow"))
+        assert hub.online_subscribers("c1") == 0
+    assert st.open_streams == 0
+
+
+async def test_live_stream_heartbeat_and_unsubscribe() -> None:
+    st = WebState(config=None, llm=None, tools=None, heartbeat=60, on_fatal=lambda exc: None)
+    hub = bare_hub(buffer=4)
+    body = LiveStream(st, hub.subscribe_online, "c1", heartbeat=0.01)
+    async with body:
+        assert await body.__anext__() == OPENED
+        with trio.fail_after(10):
+            assert await body.__anext__() == HEARTBEAT
+        hub.publish_online("c1", AppendText(text="x"))
+        assert b'"text":"x"' in await body.__anext__()
+    assert (st.open_streams, hub.online_subscribers("c1")) == (0, 0)
 
 
 # --- a stalled subscriber next to a healthy one --------------------------------------------------

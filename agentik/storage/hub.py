@@ -52,6 +52,21 @@ class _OnlineSubscriber:
     send: trio.MemorySendChannel[CommonEvent]
 
 
+@dataclass(eq=False)
+class OnlineSubscription:
+    """One live subscriber's end (:meth:`EventHub.subscribe_online`): read ``receive``, then
+    ``close()`` (idempotent, synchronous: safe in any ``finally``)."""
+
+    hub: EventHub
+    conversation_id: str
+    sub: _OnlineSubscriber
+    receive: trio.MemoryReceiveChannel[CommonEvent]
+
+    def close(self) -> None:
+        self.hub._unsubscribe_online(self.conversation_id, self.sub)
+        self.receive.close()
+
+
 @dataclass
 class EventHub:
     epoch: str
@@ -231,24 +246,34 @@ class EventHub:
                 subs.discard(sub)
                 sub.send.close()
 
-    async def online_events(self, conversation_id: str) -> AsyncGenerator[CommonEvent, None]:
-        """Live online events of one conversation, from now on. Ends if the consumer falls more
-        than ``buffer`` events behind."""
+    def subscribe_online(self, conversation_id: str) -> OnlineSubscription:
+        """Subscribe to the live online events of one conversation, from now on (registered when
+        this returns). The receive channel ends if the consumer falls more than ``buffer`` events
+        behind; :meth:`OnlineSubscription.close` unsubscribes."""
         send, recv = trio.open_memory_channel[CommonEvent](self.buffer)
         sub = _OnlineSubscriber(send)
         self._online.setdefault(conversation_id, set()).add(sub)
         self._online_change()
+        return OnlineSubscription(self, conversation_id, sub, recv)
+
+    def _unsubscribe_online(self, conversation_id: str, sub: _OnlineSubscriber) -> None:
+        subs = self._online.get(conversation_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._online[conversation_id]
+        sub.send.close()
+        self._online_change()
+
+    async def online_events(self, conversation_id: str) -> AsyncGenerator[CommonEvent, None]:
+        """Live online events of one conversation, from now on. Ends if the consumer falls more
+        than ``buffer`` events behind."""
+        subscription = self.subscribe_online(conversation_id)
         try:
-            async for ev in recv:
+            async for ev in subscription.receive:
                 yield ev
         finally:
-            subs = self._online.get(conversation_id)
-            if subs is not None:
-                subs.discard(sub)
-                if not subs:
-                    del self._online[conversation_id]
-            send.close()
-            self._online_change()
+            subscription.close()
 
     def online_subscribers(self, conversation_id: str) -> int:
         return len(self._online.get(conversation_id, ()))

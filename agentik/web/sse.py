@@ -10,7 +10,9 @@ stream. Then:
   response body (:class:`EventStream`): Quart enters the body with ``async with`` and iterates it
   in the same task, so the nursery is opened and closed by that task, and a client disconnect
   (which cancels that task) closes the nursery, which ends the pump, which closes the hub
-  subscription. No generator ever yields inside a nursery.
+  subscription. No generator ever yields inside a nursery. The live stream's body
+  (:class:`LiveStream`) has no pump: it reads its online subscription itself (one task hop less
+  per token; issue 13).
 - Silence for ``heartbeat`` seconds sends a comment, so proxies keep the connection open.
 - Durable frames: ``id: EPOCH:OFFSET`` / ``event: <type>`` / ``data: <CommonEvent JSON>``. Live
   frames have no ``id:``. A cursor overtaken by eviction mid-stream gets a final ``event: gap``
@@ -24,7 +26,7 @@ stream. Then:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from functools import partial
 from types import TracebackType
@@ -36,14 +38,13 @@ from quart.wrappers.response import ResponseBody
 
 from agentik import metrics
 from agentik.errors import InvalidInputError, NotFoundError, OutboxGapError
-from agentik.web import logsafe
 from agentik.web._state import WebState, log, state
 from agentik.web.errors import detail_of
 from agentik.web.types import EndedReason, ErrorBody, StreamEnded
-from agentik.wire import Cursor, encode
+from agentik.wire import CommonEvent, Cursor, encode
 
 if TYPE_CHECKING:
-    from agentik.agent import LocalAgent, StoredEvent
+    from agentik.agent import LocalAgent, OnlineSubscription, StoredEvent
 
 bp = Blueprint("agentik_sse", __name__)
 
@@ -175,26 +176,80 @@ async def durable_pump(
                 log.exception("event stream after %s failed", after)
 
 
-async def live_pump(
-    agent: LocalAgent,
-    conversation_id: str,
-    send: trio.MemorySendChannel[bytes],
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    async with send:
-        events: AsyncIterator[Any] = agent.online_outbox.online_events(conversation_id)
-        async with aclosing(events):  # type: ignore[type-var]
-            task_status.started()  # registered at the first step, as in durable_pump
+def live_frame(ev: CommonEvent) -> bytes:
+    return b"event: " + ev.type.encode() + b"\ndata: " + encode(ev) + b"\n\n"
+
+
+class LiveStream(ResponseBody):
+    """The live stream's body: it reads its online subscription itself, with no pump task or
+    second channel in between (one task hop less per token than :class:`EventStream`). Every
+    event already queued goes out in one write, each in its own frame, in order; none is waited
+    for. Subscribed in ``__aenter__``, before the ``: connected`` chunk; unsubscribed in
+    ``__aexit__``. The subscription ends only when its reader fell too far behind: then a last
+    ``event: ended`` frame (reason ``overflow``) and the response ends.
+    """
+
+    def __init__(
+        self,
+        st: WebState,
+        subscribe: Callable[[str], OnlineSubscription],
+        conversation_id: str,
+        heartbeat: float,
+    ) -> None:
+        self._state = st
+        self._subscribe = subscribe
+        self._conversation_id = conversation_id
+        self._heartbeat = heartbeat
+        self._sub: OnlineSubscription | None = None
+        self._opened = False
+        self._ended = False
+
+    async def __aenter__(self) -> LiveStream:
+        self._sub = self._subscribe(self._conversation_id)
+        self._state.stream_opened()
+        metrics.SSE_CONNECTIONS.inc()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._sub is not None
+        self._sub.close()
+        metrics.SSE_CONNECTIONS.dec()
+        self._state.stream_closed()
+
+    def __aiter__(self) -> LiveStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        assert self._sub is not None
+        if not self._opened:
+            self._opened = True
+            return OPENED
+        if self._ended:
+            raise StopAsyncIteration
+        recv = self._sub.receive
+        parts: list[bytes] = []
+        try:
             try:
-                async for ev in events:
-                    await send.send(
-                        b"event: " + ev.type.encode() + b"\ndata: " + encode(ev) + b"\n\n"
-                    )
-                # A live stream ends by itself only when its reader fell too far behind.
-                await send.send(ended_frame("overflow"))
-            except Exception:
-                log.exception("live stream of %s failed", logsafe.escape(conversation_id))
+                first = recv.receive_nowait()
+            except trio.WouldBlock:
+                with trio.move_on_after(self._heartbeat) as scope:
+                    first = await recv.receive()
+                if scope.cancelled_caught:
+                    return HEARTBEAT
+            parts.append(live_frame(first))
+            while True:
+                parts.append(live_frame(recv.receive_nowait()))
+        except trio.WouldBlock:
+            pass
+        except trio.EndOfChannel:
+            self._ended = True
+            parts.append(ended_frame("overflow"))
+        return b"".join(parts)
 
 
 def start_cursor(agent: LocalAgent) -> Cursor:
@@ -205,15 +260,17 @@ def start_cursor(agent: LocalAgent) -> Cursor:
     return agent.outbox.resumable(Cursor.parse(raw.strip()) if raw else None)
 
 
-def stream_response(st: WebState, pump: Pump, after: Cursor | None) -> Response:
+def stream_response(st: WebState, body: Pump | ResponseBody, after: Cursor | None) -> Response:
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if after is not None:
         headers["X-Agentik-Cursor"] = str(after)
     if request.method == "HEAD":
         # The headers only: a stream whose body is never sent would hold the connection.
         return Response(b"", status=200, headers=headers, content_type=SSE_TYPE)
+    if not isinstance(body, ResponseBody):
+        body = EventStream(st, body, st.heartbeat)
     response = Response(
-        EventStream(st, pump, st.heartbeat), status=200, headers=headers,
+        body, status=200, headers=headers,
         content_type=SSE_TYPE,
     )
     response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut the stream
@@ -271,4 +328,5 @@ async def live(conversation_id: str) -> Response:
     st = state()
     agent = st.require_agent()
     await _require_conversation(agent, conversation_id)
-    return stream_response(st, partial(live_pump, agent, conversation_id), None)
+    body = LiveStream(st, agent.online_outbox.subscribe, conversation_id, st.heartbeat)
+    return stream_response(st, body, None)
