@@ -327,3 +327,39 @@ async def test_clean_shutdown_checkpoints_the_wal(db_path: str) -> None:
     async with open_storage(StorageTarget("sqlite", db_path, None)) as st:
         await create(st)
     assert not await trio.Path(db_path + "-wal").exists()
+
+
+async def test_idempotency_keys_replay_refuse_and_survive_restart(target: StorageTarget) -> None:
+    """Both engines: a stored key replays the first id and stores nothing, another body with
+    it is refused, two ops with one key in one batch store once, and keys survive a restart."""
+    from agentik.errors import IdempotencyKeyReusedError
+
+    def send(mid: str, key: str, fp: str = "fp-a") -> ops.AppendUserMessage:
+        return ops.AppendUserMessage(
+            conversation_id="c1", message_id=mid, message=UserMessage(content=[Text("x")]),
+            idempotency=ops.Idempotency(key=key, fingerprint=fp, ttl=3600.0))
+
+    async with open_storage(target) as st:
+        await create(st)
+        first = await st.write(send("m1", "k1"))
+        assert first.id == "m1"
+        again = await st.write(send("m2", "k1"))
+        assert isinstance(again, ops.Replayed) and again.result_id == "m1"
+        with pytest.raises(IdempotencyKeyReusedError):
+            await st.write(send("m3", "k1", fp="fp-b"))
+        results: list[object] = []
+
+        async def one(mid: str) -> None:
+            results.append(await st.write(send(mid, "k2")))
+
+        async with trio.open_nursery() as n:  # likely one batch: the second replays the first
+            n.start_soon(one, "m4")
+            n.start_soon(one, "m5")
+        stored = [r for r in results if not isinstance(r, ops.Replayed)]
+        assert len(stored) == 1
+        journal = await st.reader.run(q.journal, None, 0, None, 1000)
+        ids = [r.id for r in journal]
+        assert ids == ["m1", stored[0].id]  # type: ignore[attr-defined]
+    async with open_storage(target) as st:
+        replay = await st.write(send("m6", "k1"))
+        assert isinstance(replay, ops.Replayed) and replay.result_id == "m1"

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -100,8 +100,19 @@ CREATE INDEX a2a_task_by_context ON a2a_task (context_id, first_seq);
 CREATE INDEX a2a_task_by_state ON a2a_task (state);
 """
 
+_V3 = """
+CREATE TABLE idempotency_key (
+    key TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    result_id TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX idempotency_key_by_expiry ON idempotency_key (expires_at);
+"""
+
 #: version -> script that brings a schema from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
 
 
 def migrate(conn: psycopg.Connection[Any]) -> str:

@@ -28,7 +28,13 @@ from typing import Any, assert_never
 import msgspec
 import psycopg
 
-from agentik.errors import AgentikError, ConflictError, NotFoundError, StorageError
+from agentik.errors import (
+    AgentikError,
+    ConflictError,
+    IdempotencyKeyReusedError,
+    NotFoundError,
+    StorageError,
+)
 from agentik.storage import ops
 from agentik.storage.pg_schema import channel, migrate
 from agentik.storage.writer import BatchResult
@@ -136,6 +142,17 @@ WITH f AS (
     ON CONFLICT (id) DO UPDATE
         SET conversation_id = EXCLUDED.conversation_id, state = EXCLUDED.state,
             updated_at = EXCLUDED.updated_at, seq = EXCLUDED.seq, payload = EXCLUDED.payload
+), ik AS (
+    DELETE FROM idempotency_key USING c WHERE idempotency_key.expires_at <= %(now)s
+        AND NOT idempotency_key.key = ANY(%(i_key)b::text[])  -- those ii overwrites
+), ii AS (
+    INSERT INTO idempotency_key (key, fingerprint, result_id, created_at, expires_at)
+    SELECT r.key, r.fp, r.rid, %(now)s, r.exp
+    FROM c, unnest(%(i_key)b::text[], %(i_fp)b::text[], %(i_rid)b::text[],
+                   %(i_exp)b::float8[]) AS r(key, fp, rid, exp)
+    ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint,
+        result_id = EXCLUDED.result_id, created_at = EXCLUDED.created_at,
+        expires_at = EXCLUDED.expires_at
 ), tc AS (
     DELETE FROM outbox USING c WHERE outbox."offset" <= c.base + %(n)s - %(cap)s
 ), tt AS (
@@ -207,6 +224,11 @@ class _Plan:
     temporary: list[str] | None = None
     #: conversations created by this batch (their owner row is this node's, fence 1)
     created: list[str] = field(default_factory=list)
+    #: Idempotency-Keys of the batch's ops: key -> (fingerprint, result id) stored and not
+    #: expired, or planned by an earlier op of this batch; None when free
+    idem: dict[str, tuple[str, str] | None] = field(default_factory=dict)
+    #: (key, fingerprint, result id, expires_at) to insert with the batch
+    idem_rows: list[tuple[str, str, str, float]] = field(default_factory=list)
     #: ops refused before planning (lease checks): index -> error
     refused: dict[int, AgentikError] = field(default_factory=dict)
 
@@ -427,16 +449,36 @@ def _put_a2a_task(p: _Plan, op: ops.PutA2ATask) -> _Result:
     return lambda base: base + rel
 
 
+def _idempotent(p: _Plan, idem: ops.Idempotency | None, result_id: str,
+                write: Callable[[], _Result]) -> _Result:
+    """The SQLite writer's ``_idempotent``, planned: a stored (or earlier in this batch) key
+    replays its first answer, another body with it is refused, a free key is stored with
+    the write in the batch's one statement."""
+    if idem is None:
+        return write()
+    known = p.idem.get(idem.key)
+    if known is not None:
+        if known[0] != idem.fingerprint:
+            raise IdempotencyKeyReusedError(
+                "this Idempotency-Key was already used with another request"
+            )
+        return _const(ops.Replayed(result_id=known[1]))
+    result = write()
+    p.idem[idem.key] = (idem.fingerprint, result_id)
+    p.idem_rows.append((idem.key, idem.fingerprint, result_id, p.now + idem.ttl))
+    return result
+
+
 def _plan_op(p: _Plan, op: ops.AnyOp) -> _Result:
     match op:
         case ops.CreateConversation():
-            return _create(p, op)
+            return _idempotent(p, op.idempotency, op.conversation_id, lambda: _create(p, op))
         case ops.DeleteConversation():
             return _delete_op(p, op)
         case ops.RenameConversation():
             return _rename(p, op)
         case ops.AppendUserMessage():
-            return _append_user(p, op)
+            return _idempotent(p, op.idempotency, op.message_id, lambda: _append_user(p, op))
         case ops.StartTurn():
             return _start_turn(p, op)
         case ops.AppendToolCalls():
@@ -587,6 +629,14 @@ class PgWriter:
         if cids:
             for r in conn.execute(_LOAD_CONVERSATIONS, (list(cids),)):
                 p.conv[r[0]] = _Conv(r[0], r[1], bool(r[2]), r[3], r[4], r[5], None, True, r[6])
+        keys = [idem.key for op in batch
+                if isinstance(op, ops.CreateConversation | ops.AppendUserMessage)
+                and (idem := op.idempotency) is not None]
+        if keys:
+            stored = {r[0]: (r[1], r[2]) for r in conn.execute(
+                "SELECT key, fingerprint, result_id FROM idempotency_key "
+                "WHERE key = ANY(%s::text[]) AND expires_at > %s", (keys, p.now))}
+            p.idem.update({k: stored.get(k) for k in keys})
         if tasks:
             found = dict(conn.execute(
                 "SELECT id, seq FROM a2a_task WHERE id = ANY(%s::text[])", (tasks,)).fetchall())
@@ -683,6 +733,8 @@ class PgWriter:
             "a_id": [a[0] for a in p.task_rows], "a_ctx": [a[1] for a in p.task_rows],
             "a_cid": [a[2] for a in p.task_rows], "a_state": [a[3] for a in p.task_rows],
             "a_rel": [a[4] for a in p.task_rows], "a_payload": [a[5] for a in p.task_rows],
+            "i_key": [i[0] for i in p.idem_rows], "i_fp": [i[1] for i in p.idem_rows],
+            "i_rid": [i[2] for i in p.idem_rows], "i_exp": [i[3] for i in p.idem_rows],
         }
         row = self.conn.execute(_COMMIT, args).fetchone()
         return None if row is None else int(row[0])
