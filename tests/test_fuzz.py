@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,23 +76,31 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         "AGENTIK_MAX_BODY_BYTES": str(MAX_BODY),
         "AGENTIK_SQLITE_SYNCHRONOUS": "NORMAL",
     }
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "agentik.cli", "serve", "--port", str(port),
-             "--graceful-timeout", "0.5"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
-        )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentik.cli", "serve", "--port", str(port),
+         "--graceful-timeout", "0.5"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(REPO),
+    )
+    serving = threading.Event()
+
+    def copy_output() -> None:
+        # The server's output goes to the log file line by line; "Running on" says it serves.
+        assert process.stdout is not None
+        with open(log, "wb") as out:
+            for line in process.stdout:
+                out.write(line)
+                out.flush()
+                if b"Running on" in line:
+                    serving.set()
+        serving.set()  # the process ended: wake the fixture, which then sees it exited
+
+    copier = threading.Thread(target=copy_output, daemon=True)
+    copier.start()
     server = LiveServer(f"http://127.0.0.1:{port}", process, log)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                server.alive()
-                break
-            except (OSError, AssertionError):
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise
-                time.sleep(0.05)
+        assert serving.wait(30), "the server did not start within 30 s"
+        assert process.poll() is None, log.read_text(errors="replace")
+        server.alive()
         yield server
         server.alive()
         text = log.read_text(errors="replace")
@@ -106,6 +114,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        copier.join(5)
 
 
 # --- schemathesis over the OpenAPI document ---------------------------------------------------------
