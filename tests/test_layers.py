@@ -31,7 +31,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "tools": ("agentik.tools",),
     "actors": ("agentik.actors",),
     "facade": ("agentik", "agentik.runtime", "agentik.agent", "agentik.testing", "agentik.cluster"),
-    "front": ("agentik.web", "agentik.a2a"),
+    # agentik.sse: the SSE frame and bodies both front doors use (below web/ and a2a/)
+    "front": ("agentik.web", "agentik.a2a", "agentik.sse"),
     "client": ("agentik.client",),
     "cli": ("agentik.cli", "agentik.check"),
 }

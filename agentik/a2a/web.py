@@ -20,13 +20,11 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, cast
 
 import msgspec
 import trio
 from quart import Blueprint, Quart, Response, current_app, g, request
-from quart.wrappers.response import ResponseBody
 from werkzeug.exceptions import HTTPException
 
 from agentik.a2a import errors as e
@@ -50,6 +48,7 @@ from agentik.a2a.types import (
 )
 from agentik.errors import A2AError, AgentikError
 from agentik.llm.base import ToolSpec
+from agentik.sse import SSE_TYPE, PumpBody, frame
 
 log = logging.getLogger("agentik.a2a")
 
@@ -59,7 +58,6 @@ CARD_PATH = "/.well-known/agent-card.json"
 RPC_PATH = "/a2a"
 PROTOCOL_VERSION = "1.0"
 CARD_MAX_AGE = 300
-SSE_TYPE = "text/event-stream; charset=utf-8"
 JSON = "application/json"
 
 PUSH_METHODS = frozenset({
@@ -256,71 +254,41 @@ def _sse(st: A2AMount, request_id: Any, events: AsyncIterator[bytes]) -> Respons
     return response
 
 
-class _SseBody(ResponseBody):
-    """A streaming body fed by a pump task in a nursery of its own: the pump reads the task's
-    events (so a heartbeat never interrupts a read), the body writes what is queued. A client
-    disconnect cancels the body's task, which closes the nursery and with it the pump and its
-    storage subscription."""
+class _SseBody(PumpBody):
+    """A streaming body fed by a pump task in a nursery of its own (:class:`agentik.sse.PumpBody`):
+    the pump reads the task's events (so a heartbeat never interrupts a read), the body writes
+    what is queued. A client disconnect cancels the body's task, which closes the nursery and
+    with it the pump and its storage subscription."""
 
     def __init__(self, st: A2AMount, request_id: Any, events: AsyncIterator[bytes]) -> None:
+        super().__init__(self._pump_events, st.heartbeat, opened=b"")
         self._st = st
         self._id = request_id
         self._events = events
-        self._manager: Any = None
-        self._nursery: trio.Nursery | None = None
-        self._recv: trio.MemoryReceiveChannel[bytes] | None = None
 
-    async def _pump(self, send: trio.MemorySendChannel[bytes]) -> None:
+    async def _pump_events(
+        self, send: trio.MemorySendChannel[bytes],
+        *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        task_status.started()
         async with send:
             try:
                 async for raw in self._events:
-                    await send.send(b"data: " + _raw_result(self._id, raw) + b"\n\n")
+                    await send.send(frame(_raw_result(self._id, raw)))
             except AgentikError as exc:
                 err = exc if isinstance(exc, A2AError) else e.error(e.INTERNAL_ERROR, str(exc))
-                await send.send(b"data: " + encode(e.error_response(self._id, err)) + b"\n\n")
+                await send.send(frame(encode(e.error_response(self._id, err))))
             finally:
                 aclose = getattr(self._events, "aclose", None)
                 if aclose is not None:
                     with trio.CancelScope(shield=True):
                         await aclose()
 
-    async def __aenter__(self) -> _SseBody:
-        manager = trio.open_nursery()
-        nursery = await manager.__aenter__()
-        send, recv = trio.open_memory_channel[bytes](16)
-        nursery.start_soon(self._pump, send)
-        self._manager, self._nursery, self._recv = manager, nursery, recv
+    def opened(self) -> None:
         self._st.open_streams += 1
-        return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        try:
-            await self._manager.__aexit__(exc_type, exc, tb)
-        finally:
-            self._st.open_streams -= 1
-
-    def __aiter__(self) -> _SseBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        assert self._recv is not None
-        with trio.move_on_after(self._st.heartbeat):
-            try:
-                parts = [await self._recv.receive()]
-            except trio.EndOfChannel:
-                raise StopAsyncIteration from None
-            while True:
-                try:
-                    parts.append(self._recv.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            return b"".join(parts)
-        return b": keepalive\n\n"
+    def closed(self) -> None:
+        self._st.open_streams -= 1
 
 
 def skills_of(specs: Sequence[ToolSpec]) -> list[AgentSkill]:

@@ -5,14 +5,11 @@ Everything that can fail is decided before the response starts (auth, cursor syn
 validity -> 410, unknown conversation -> 404), so errors are proper JSON answers, never a broken
 stream. Then:
 
-- A *pump* task pulls from the hub and turns each batch into SSE bytes; the response body takes
-  every chunk already queued and sends it as ONE write. The pump lives in a nursery owned by the
-  response body (:class:`EventStream`): Quart enters the body with ``async with`` and iterates it
-  in the same task, so the nursery is opened and closed by that task, and a client disconnect
-  (which cancels that task) closes the nursery, which ends the pump, which closes the hub
-  subscription. No generator ever yields inside a nursery. The live stream's body
-  (:class:`LiveStream`) has no pump: it reads its online subscription itself (one task hop less
-  per token; issue 13).
+- A *pump* task pulls from the hub and turns each batch into SSE bytes; the response body
+  (:class:`EventStream`, an :class:`agentik.sse.PumpBody`) takes every chunk already queued and
+  sends it as ONE write; the pump lives in a nursery owned by the body (see :mod:`agentik.sse`).
+  The live stream's body (:class:`LiveStream`) has no pump: it reads its online subscription
+  itself (one task hop less per token; issue 13).
 - Silence for ``heartbeat`` seconds sends a comment, so proxies keep the connection open.
 - Durable frames: ``id: EPOCH:OFFSET`` / ``event: <type>`` / ``data: <CommonEvent JSON>``. Live
   frames have no ``id:``. A cursor overtaken by eviction mid-stream gets a final ``event: gap``
@@ -26,11 +23,11 @@ stream. Then:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import aclosing
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, get_args
 
 import trio
 from quart import Blueprint, Response, request
@@ -38,116 +35,52 @@ from quart.wrappers.response import ResponseBody
 
 from agentik import metrics
 from agentik.errors import InvalidInputError, NotFoundError, OutboxGapError
+from agentik.sse import HEARTBEAT, OPENED, PUMP_BUFFER, SSE_TYPE, ChannelBody, Pump, PumpBody, frame
 from agentik.web._state import WebState, log, state
 from agentik.web.errors import detail_of
 from agentik.web.types import EndedReason, ErrorBody, StreamEnded
-from agentik.wire import CommonEvent, Cursor, encode
+from agentik.wire import CommonEvent, Cursor, Event, encode
 
 if TYPE_CHECKING:
     from agentik.agent import LocalAgent, OnlineSubscription, StoredEvent
 
 bp = Blueprint("agentik_sse", __name__)
 
-#: SSE chunks the pump may queue ahead of the socket; beyond it the pump waits, and a hub
-#: subscriber that then overflows falls back to the stored outbox (durable) or ends (live).
-PUMP_BUFFER = 16
-
-SSE_TYPE = "text/event-stream; charset=utf-8"
-HEARTBEAT = b": heartbeat\n\n"
-OPENED = b": connected\n\n"
-
-Pump = Callable[..., Awaitable[None]]
+__all__ = ["HEARTBEAT", "OPENED", "PUMP_BUFFER", "SSE_TYPE", "EventStream", "LiveStream", "live_frame"]
 
 
-class EventStream(ResponseBody):
-    """A streaming response body fed by a pump task in a nursery of its own (module docstring).
-
-    ``pump(send, task_status=...)`` must call ``task_status.started()`` once it is subscribed and
-    must not raise (it logs and ends instead); it closes ``send`` when done.
-    """
+class EventStream(PumpBody):
+    """A durable stream's body: fed by a pump task (:class:`agentik.sse.PumpBody`). A hub
+    subscriber whose pump waits on a full buffer overflows and falls back to the stored outbox."""
 
     def __init__(self, st: WebState, pump: Pump, heartbeat: float) -> None:
+        super().__init__(pump, heartbeat)
         self._state = st
-        self._pump = pump
-        self._heartbeat = heartbeat
-        self._manager: Any = None
-        self._nursery: trio.Nursery | None = None
-        self._recv: trio.MemoryReceiveChannel[bytes] | None = None
-        self._opened = False
 
-    async def __aenter__(self) -> EventStream:
-        manager = trio.open_nursery()
-        nursery = await manager.__aenter__()
-        send, recv = trio.open_memory_channel[bytes](PUMP_BUFFER)
-        try:
-            await nursery.start(self._pump, send)
-        except BaseException as exc:
-            # Quart does not call __aexit__ when __aenter__ fails: close the nursery here.
-            nursery.cancel_scope.cancel()
-            await manager.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        self._manager, self._nursery, self._recv = manager, nursery, recv
+    def opened(self) -> None:
         self._state.stream_opened()
         metrics.SSE_CONNECTIONS.inc()
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        try:
-            await self._manager.__aexit__(exc_type, exc, tb)
-        finally:
-            metrics.SSE_CONNECTIONS.dec()
-            self._state.stream_closed()
-
-    def __aiter__(self) -> EventStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        assert self._recv is not None
-        if not self._opened:
-            # The first chunk tells the client the subscription is in place (the pump is
-            # subscribed by now), and pushes the headers through buffering proxies.
-            self._opened = True
-            return OPENED
-        with trio.move_on_after(self._heartbeat):
-            try:
-                parts = [await self._recv.receive()]
-            except trio.EndOfChannel:
-                raise StopAsyncIteration from None
-            # Everything already queued goes out in one write.
-            while True:
-                try:
-                    parts.append(self._recv.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            return b"".join(parts)
-        return HEARTBEAT
+    def closed(self) -> None:
+        metrics.SSE_CONNECTIONS.dec()
+        self._state.stream_closed()
 
 
 def durable_frames(epoch: str, batch: list[StoredEvent]) -> bytes:
     """SSE frames of a batch of stored events; ``data`` is the stored JSON, not re-encoded."""
-    parts: list[bytes] = []
-    prefix = f"id: {epoch}:".encode()
-    for ev in batch:
-        parts += [
-            prefix, str(ev.offset).encode(), b"\nevent: ", ev.event.type.encode(),
-            b"\ndata: ", ev.raw, b"\n\n",
-        ]
-    return b"".join(parts)
+    prefix = epoch.encode() + b":"
+    return b"".join(
+        frame(ev.raw, _TAGS[type(ev.event.event)], prefix + str(ev.offset).encode())
+        for ev in batch
+    )
 
 
 def gap_frame(exc: OutboxGapError) -> bytes:
-    return b"event: gap\ndata: " + encode(ErrorBody(error=detail_of(exc))) + b"\n\n"
+    return frame(encode(ErrorBody(error=detail_of(exc))), b"gap")
 
 
 def ended_frame(reason: EndedReason) -> bytes:
-    return b"event: ended\ndata: " + encode(StreamEnded(reason=reason)) + b"\n\n"
+    return frame(encode(StreamEnded(reason=reason)), b"ended")
 
 
 async def durable_pump(
@@ -176,11 +109,17 @@ async def durable_pump(
                 log.exception("event stream after %s failed", after)
 
 
+#: event class -> its ``event:`` name as bytes, built once (no per-frame tag lookup and encode)
+_TAGS: dict[type, bytes] = {
+    cls: str(cls.__struct_config__.tag).encode() for cls in get_args(Event)
+}
+
+
 def live_frame(ev: CommonEvent) -> bytes:
-    return b"event: " + ev.type.encode() + b"\ndata: " + encode(ev) + b"\n\n"
+    return frame(encode(ev), _TAGS[type(ev.event)])
 
 
-class LiveStream(ResponseBody):
+class LiveStream(ChannelBody):
     """The live stream's body: it reads its online subscription itself, with no pump task or
     second channel in between (one task hop less per token than :class:`EventStream`). Every
     event already queued goes out in one write, each in its own frame, in order; none is waited
@@ -189,6 +128,8 @@ class LiveStream(ResponseBody):
     ``event: ended`` frame (reason ``overflow``) and the response ends.
     """
 
+    last = ended_frame("overflow")
+
     def __init__(
         self,
         st: WebState,
@@ -196,16 +137,15 @@ class LiveStream(ResponseBody):
         conversation_id: str,
         heartbeat: float,
     ) -> None:
+        super().__init__(heartbeat, live_frame)
         self._state = st
         self._subscribe = subscribe
         self._conversation_id = conversation_id
-        self._heartbeat = heartbeat
         self._sub: OnlineSubscription | None = None
-        self._opened = False
-        self._ended = False
 
     async def __aenter__(self) -> LiveStream:
         self._sub = self._subscribe(self._conversation_id)
+        self._recv = self._sub.receive
         self._state.stream_opened()
         metrics.SSE_CONNECTIONS.inc()
         return self
@@ -220,36 +160,6 @@ class LiveStream(ResponseBody):
         self._sub.close()
         metrics.SSE_CONNECTIONS.dec()
         self._state.stream_closed()
-
-    def __aiter__(self) -> LiveStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        assert self._sub is not None
-        if not self._opened:
-            self._opened = True
-            return OPENED
-        if self._ended:
-            raise StopAsyncIteration
-        recv = self._sub.receive
-        parts: list[bytes] = []
-        try:
-            try:
-                first = recv.receive_nowait()
-            except trio.WouldBlock:
-                with trio.move_on_after(self._heartbeat) as scope:
-                    first = await recv.receive()
-                if scope.cancelled_caught:
-                    return HEARTBEAT
-            parts.append(live_frame(first))
-            while True:
-                parts.append(live_frame(recv.receive_nowait()))
-        except trio.WouldBlock:
-            pass
-        except trio.EndOfChannel:
-            self._ended = True
-            parts.append(ended_frame("overflow"))
-        return b"".join(parts)
 
 
 def start_cursor(agent: LocalAgent) -> Cursor:

@@ -1,0 +1,157 @@
+"""Server-Sent Events for the front doors, written once: the frame, and the streaming response
+bodies of :mod:`agentik.web.sse` (agentik's own streams) and :mod:`agentik.a2a.web` (A2A's).
+
+- :func:`frame` is the one place an SSE frame is spelled: ``id:`` / ``event:`` / ``data:`` lines
+  and the blank line. ``data`` is written as given (stored payload bytes are not re-encoded); it
+  must be one line, as JSON without raw newlines is.
+- :class:`ChannelBody` writes what a receive channel holds: every item already queued goes out
+  in ONE write, each item its own frame(s), in order, and none is waited for; silence for
+  ``heartbeat`` seconds writes a comment, so proxies keep the connection open. When the channel
+  ends by itself, :attr:`ChannelBody.last` (if any) is the last write.
+- :class:`PumpBody` feeds such a body from a *pump* task in a nursery owned by the body: Quart
+  enters the body with ``async with`` and iterates it in the same task, so the nursery is opened
+  and closed by that task, and a client disconnect (which cancels that task) closes the nursery,
+  which ends the pump and whatever subscription it holds. No generator ever yields inside a
+  nursery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+import trio
+from quart.wrappers.response import ResponseBody
+
+SSE_TYPE = "text/event-stream; charset=utf-8"
+HEARTBEAT = b": heartbeat\n\n"
+OPENED = b": connected\n\n"
+#: chunks a pump may queue ahead of the socket; beyond it the pump waits
+PUMP_BUFFER = 16
+
+Pump = Callable[..., Awaitable[None]]
+
+
+def frame(data: bytes, event: bytes | None = None, id: bytes | None = None) -> bytes:
+    """One SSE frame: ``id: ID`` (if given), ``event: EVENT`` (if given), ``data: DATA``."""
+    if id is None:
+        if event is None:
+            return b"data: " + data + b"\n\n"
+        return b"event: " + event + b"\ndata: " + data + b"\n\n"
+    if event is None:
+        return b"id: " + id + b"\ndata: " + data + b"\n\n"
+    return b"id: " + id + b"\nevent: " + event + b"\ndata: " + data + b"\n\n"
+
+
+def _as_is(chunk: bytes) -> bytes:
+    return chunk
+
+
+class ChannelBody(ResponseBody):
+    """A streaming body that writes what ``self._recv`` holds (set it in ``__aenter__``).
+
+    ``render`` turns one item into its bytes (default: the item is bytes already). The first
+    write is ``opened`` (``b""``: none). Iteration ends once the channel has ended and everything
+    in it, then :attr:`last`, was written.
+    """
+
+    #: the last write when the channel ends by itself (``b""``: none)
+    last = b""
+
+    def __init__(
+        self,
+        heartbeat: float,
+        render: Callable[[Any], bytes] = _as_is,
+        *,
+        opened: bytes = OPENED,
+    ) -> None:
+        self._heartbeat = heartbeat
+        self._render = render
+        self._first = opened
+        self._recv: trio.MemoryReceiveChannel[Any] | None = None
+        self._ended = False
+
+    def __aiter__(self) -> ChannelBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        recv = self._recv
+        assert recv is not None
+        if self._first:
+            # The first chunk tells the client the subscription is in place, and pushes the
+            # headers through buffering proxies.
+            first_chunk, self._first = self._first, b""
+            return first_chunk
+        if self._ended:
+            raise StopAsyncIteration
+        render = self._render
+        parts: list[bytes] = []
+        try:
+            try:
+                item = recv.receive_nowait()
+            except trio.WouldBlock:
+                with trio.move_on_after(self._heartbeat) as scope:
+                    item = await recv.receive()
+                if scope.cancelled_caught:
+                    return HEARTBEAT
+            parts.append(render(item))
+            while True:
+                parts.append(render(recv.receive_nowait()))
+        except trio.WouldBlock:
+            pass
+        except trio.EndOfChannel:
+            self._ended = True
+            if self.last:
+                parts.append(self.last)
+            elif not parts:
+                raise StopAsyncIteration from None
+        return b"".join(parts)
+
+
+class PumpBody(ChannelBody):
+    """A :class:`ChannelBody` fed by ``pump(send, task_status=...)`` in a nursery of its own
+    (module docstring). The pump must call ``task_status.started()`` once it is subscribed (the
+    response starts after that) and must not raise (it logs and ends instead); it closes
+    ``send`` when done. :meth:`opened` / :meth:`closed` are called once the body is open and
+    when it closes (for accounting)."""
+
+    def __init__(self, pump: Pump, heartbeat: float, *, opened: bytes = OPENED) -> None:
+        super().__init__(heartbeat, opened=opened)
+        self._pump = pump
+        self._manager: Any = None
+        self._nursery: trio.Nursery | None = None
+
+    def opened(self) -> None:
+        pass
+
+    def closed(self) -> None:
+        pass
+
+    async def __aenter__(self) -> PumpBody:
+        manager = trio.open_nursery()
+        nursery = await manager.__aenter__()
+        send, recv = trio.open_memory_channel[bytes](PUMP_BUFFER)
+        try:
+            await nursery.start(self._pump, send)
+        except BaseException as exc:
+            # Quart does not call __aexit__ when __aenter__ fails: close the nursery here.
+            nursery.cancel_scope.cancel()
+            await manager.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._manager, self._nursery, self._recv = manager, nursery, recv
+        self.opened()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        try:
+            await self._manager.__aexit__(exc_type, exc, tb)
+        finally:
+            self.closed()
