@@ -17,37 +17,28 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import msgspec
 import trio
 
 from agentik.a2a import errors as e
 from agentik.a2a.executor import Executor, RequestContext
+from agentik.a2a.run import Run, Updater
 from agentik.a2a.store import StoredTask, TaskStore, status_change
 from agentik.a2a.types import (
     CANCELED,
-    COMPLETED,
-    FAILED,
-    INPUT_REQUIRED,
     INTERRUPTED,
-    REJECTED,
     SUBMITTED,
     TERMINAL,
     WORKING,
-    Artifact,
     ListTasksParams,
     ListTasksResponse,
     Message,
-    Part,
     SendMessageParams,
     SendMessageResponse,
     StreamResponse,
     Task,
-    TaskArtifactUpdateEvent,
-    TaskState,
     TaskStatus,
-    agent_message,
     check_part,
     encode,
     text_part,
@@ -61,156 +52,6 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 100
 #: how long CancelTask waits for an executor to end a cancelled execution by itself
 CANCEL_GRACE = 10.0
-
-
-@dataclass(eq=False)
-class Run:
-    """One execution of the executor for one message."""
-
-    request: RequestContext
-    is_new: bool
-    #: set once the task exists (``snapshot``), or the run ended without one
-    ready: trio.Event = field(default_factory=trio.Event)
-    #: set once ``execute`` returned and the outcome is stored
-    done: trio.Event = field(default_factory=trio.Event)
-    #: the task as this run's stream starts it: as created (new), as continued (follow-up)
-    snapshot: StoredTask | None = None
-    reply: Message | None = None
-    error: A2AError | None = None
-    final: bool = False
-    cancel_requested: bool = False
-    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    updater: Updater | None = None
-
-
-def _merge_artifact(artifacts: list[Artifact], chunk: Artifact, append: bool) -> list[Artifact]:
-    """The task's artifacts after one artifactUpdate: a new artifact is added, an ``append``
-    chunk extends its artifact's parts (consecutive text parts are joined into one), any other
-    update replaces the artifact."""
-    out = list(artifacts)
-    for i, old in enumerate(out):
-        if old.artifact_id != chunk.artifact_id:
-            continue
-        if not append:
-            out[i] = chunk
-            return out
-        parts = list(old.parts)
-        for part in chunk.parts:
-            last = parts[-1] if parts else None
-            if (
-                last is not None and last.text is not None and part.text is not None
-                and last.metadata is None and part.metadata is None
-            ):
-                parts[-1] = Part(text=last.text + part.text, media_type=last.media_type)
-            else:
-                parts.append(part)
-        out[i] = msgspec.structs.replace(old, parts=parts)
-        return out
-    out.append(chunk)
-    return out
-
-
-class Updater:
-    """What an executor reports through (the :class:`~agentik.a2a.executor.TaskUpdater` of one
-    run)."""
-
-    def __init__(self, service: A2AService, run: Run) -> None:
-        self._service = service
-        self._run = run
-        self._request = run.request
-
-    def agent_message(self, parts: list[Part]) -> Message:
-        return agent_message(parts, context_id=self._request.context_id,
-                             task_id=self._request.task_id, message_id=uuid.uuid4().hex)
-
-    async def _ensure_task(self, state: TaskState, message: Message | None) -> bool:
-        """Create the run's task if it does not exist yet; True if this call did (with the given
-        status)."""
-        run = self._run
-        if run.snapshot is not None:
-            return False
-        task = Task(
-            id=self._request.task_id, context_id=self._request.context_id,
-            status=TaskStatus(state=state, message=message, timestamp=timestamp()),
-            history=[self._request.message],
-        )
-        run.snapshot = await self._service.store.create(task, self._request.conversation_id)
-        run.ready.set()
-        return True
-
-    async def _status(self, state: TaskState, message: Message | None = None) -> None:
-        if self._run.final and state not in TERMINAL:
-            return
-        if not await self._ensure_task(state, message):
-            status = TaskStatus(state=state, message=message, timestamp=timestamp())
-
-            def change(task: Task) -> tuple[Task, StreamResponse] | None:
-                if task.status.state in TERMINAL:
-                    return None
-                return status_change(task, status)
-
-            await self._service.store.change(self._request.task_id, change)
-        if state in TERMINAL or state in INTERRUPTED:
-            self._run.final = True
-
-    async def start(self, message: Message | None = None) -> None:
-        await self._status(WORKING, message)
-
-    async def working(self, message: Message) -> None:
-        await self._status(WORKING, message)
-
-    async def require_input(self, message: Message | None = None) -> None:
-        await self._status(INPUT_REQUIRED, message)
-
-    async def complete(self, message: Message | None = None) -> None:
-        await self._status(COMPLETED, message)
-
-    async def fail(self, message: Message | None = None) -> None:
-        await self._status(FAILED, message)
-
-    async def reject(self, message: Message | None = None) -> None:
-        await self._status(REJECTED, message)
-
-    async def canceled(self, message: Message | None = None) -> None:
-        await self._status(CANCELED, message)
-
-    async def reply(self, message: Message) -> None:
-        run = self._run
-        if run.snapshot is None:
-            run.reply = message
-            run.final = True
-            run.ready.set()
-        else:  # a task exists already: the reply is its answer
-            await self.complete(message)
-
-    async def add_artifact(
-        self,
-        parts: list[Part],
-        *,
-        artifact_id: str | None = None,
-        name: str | None = None,
-        append: bool = False,
-        last_chunk: bool = False,
-    ) -> str:
-        if self._run.final:
-            return artifact_id or ""
-        await self._ensure_task(WORKING, None)
-        chunk = Artifact(artifact_id=artifact_id or uuid.uuid4().hex, name=name, parts=parts)
-
-        def change(task: Task) -> tuple[Task, StreamResponse] | None:
-            if task.status.state in TERMINAL:
-                return None
-            new = msgspec.structs.replace(
-                task, artifacts=_merge_artifact(task.artifacts, chunk, append)
-            )
-            update = StreamResponse(artifact_update=TaskArtifactUpdateEvent(
-                task_id=task.id, context_id=task.context_id, artifact=chunk, append=append,
-                last_chunk=last_chunk,
-            ))
-            return new, update
-
-        await self._service.store.change(self._request.task_id, change)
-        return chunk.artifact_id
 
 
 def trim_task(task: Task, history_length: int | None, include_artifacts: bool = True) -> Task:
@@ -292,7 +133,7 @@ class A2AService:
                             history=[request.message])
                 run.snapshot = await self.store.create(task, conversation)
                 run.ready.set()
-        run.updater = Updater(self, run)
+        run.updater = Updater(self.store, run)
         self._runs[run.request.task_id] = run
         self._nursery.start_soon(self._execute, run)
         return run

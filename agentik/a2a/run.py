@@ -1,0 +1,189 @@
+"""One execution of the A2A executor and what it reports through: :class:`Run` (the state
+:class:`~agentik.a2a.service.A2AService` keeps of it) and :class:`Updater` (the
+:class:`~agentik.a2a.executor.TaskUpdater` an executor gets). The updater creates the task on
+its first report (unless the service stored it SUBMITTED already), turns each report into one
+stored change (a status, an artifact chunk), and says nothing more once the task said its final
+word; a reply without a task is kept on the run, stored nowhere.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+import trio
+
+from agentik.a2a.executor import RequestContext
+from agentik.a2a.store import StoredTask, TaskStore, status_change
+from agentik.a2a.types import (
+    CANCELED,
+    COMPLETED,
+    FAILED,
+    INPUT_REQUIRED,
+    INTERRUPTED,
+    REJECTED,
+    TERMINAL,
+    WORKING,
+    Artifact,
+    Message,
+    Part,
+    StreamResponse,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    agent_message,
+    timestamp,
+)
+from agentik.errors import A2AError
+
+
+@dataclass(eq=False)
+class Run:
+    """One execution of the executor for one message."""
+
+    request: RequestContext
+    is_new: bool
+    #: set once the task exists (``snapshot``), or the run ended without one
+    ready: trio.Event = field(default_factory=trio.Event)
+    #: set once ``execute`` returned and the outcome is stored
+    done: trio.Event = field(default_factory=trio.Event)
+    #: the task as this run's stream starts it: as created (new), as continued (follow-up)
+    snapshot: StoredTask | None = None
+    reply: Message | None = None
+    error: A2AError | None = None
+    final: bool = False
+    cancel_requested: bool = False
+    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    updater: Updater | None = None
+
+
+def _merge_artifact(artifacts: list[Artifact], chunk: Artifact, append: bool) -> list[Artifact]:
+    """The task's artifacts after one artifactUpdate: a new artifact is added, an ``append``
+    chunk extends its artifact's parts (consecutive text parts are joined into one), any other
+    update replaces the artifact."""
+    out = list(artifacts)
+    for i, old in enumerate(out):
+        if old.artifact_id != chunk.artifact_id:
+            continue
+        if not append:
+            out[i] = chunk
+            return out
+        parts = list(old.parts)
+        for part in chunk.parts:
+            last = parts[-1] if parts else None
+            if (
+                last is not None and last.text is not None and part.text is not None
+                and last.metadata is None and part.metadata is None
+            ):
+                parts[-1] = Part(text=last.text + part.text, media_type=last.media_type)
+            else:
+                parts.append(part)
+        out[i] = msgspec.structs.replace(old, parts=parts)
+        return out
+    out.append(chunk)
+    return out
+
+
+class Updater:
+    """What an executor reports through (the :class:`~agentik.a2a.executor.TaskUpdater` of one
+    run)."""
+
+    def __init__(self, store: TaskStore, run: Run) -> None:
+        self._store = store
+        self._run = run
+        self._request = run.request
+
+    def agent_message(self, parts: list[Part]) -> Message:
+        return agent_message(parts, context_id=self._request.context_id,
+                             task_id=self._request.task_id, message_id=uuid.uuid4().hex)
+
+    async def _ensure_task(self, state: TaskState, message: Message | None) -> bool:
+        """Create the run's task if it does not exist yet; True if this call did (with the given
+        status)."""
+        run = self._run
+        if run.snapshot is not None:
+            return False
+        task = Task(
+            id=self._request.task_id, context_id=self._request.context_id,
+            status=TaskStatus(state=state, message=message, timestamp=timestamp()),
+            history=[self._request.message],
+        )
+        run.snapshot = await self._store.create(task, self._request.conversation_id)
+        run.ready.set()
+        return True
+
+    async def _status(self, state: TaskState, message: Message | None = None) -> None:
+        if self._run.final and state not in TERMINAL:
+            return
+        if not await self._ensure_task(state, message):
+            status = TaskStatus(state=state, message=message, timestamp=timestamp())
+
+            def change(task: Task) -> tuple[Task, StreamResponse] | None:
+                if task.status.state in TERMINAL:
+                    return None
+                return status_change(task, status)
+
+            await self._store.change(self._request.task_id, change)
+        if state in TERMINAL or state in INTERRUPTED:
+            self._run.final = True
+
+    async def start(self, message: Message | None = None) -> None:
+        await self._status(WORKING, message)
+
+    async def working(self, message: Message) -> None:
+        await self._status(WORKING, message)
+
+    async def require_input(self, message: Message | None = None) -> None:
+        await self._status(INPUT_REQUIRED, message)
+
+    async def complete(self, message: Message | None = None) -> None:
+        await self._status(COMPLETED, message)
+
+    async def fail(self, message: Message | None = None) -> None:
+        await self._status(FAILED, message)
+
+    async def reject(self, message: Message | None = None) -> None:
+        await self._status(REJECTED, message)
+
+    async def canceled(self, message: Message | None = None) -> None:
+        await self._status(CANCELED, message)
+
+    async def reply(self, message: Message) -> None:
+        run = self._run
+        if run.snapshot is None:
+            run.reply = message
+            run.final = True
+            run.ready.set()
+        else:  # a task exists already: the reply is its answer
+            await self.complete(message)
+
+    async def add_artifact(
+        self,
+        parts: list[Part],
+        *,
+        artifact_id: str | None = None,
+        name: str | None = None,
+        append: bool = False,
+        last_chunk: bool = False,
+    ) -> str:
+        if self._run.final:
+            return artifact_id or ""
+        await self._ensure_task(WORKING, None)
+        chunk = Artifact(artifact_id=artifact_id or uuid.uuid4().hex, name=name, parts=parts)
+
+        def change(task: Task) -> tuple[Task, StreamResponse] | None:
+            if task.status.state in TERMINAL:
+                return None
+            new = msgspec.structs.replace(
+                task, artifacts=_merge_artifact(task.artifacts, chunk, append)
+            )
+            update = StreamResponse(artifact_update=TaskArtifactUpdateEvent(
+                task_id=task.id, context_id=task.context_id, artifact=chunk, append=append,
+                last_chunk=last_chunk,
+            ))
+            return new, update
+
+        await self._store.change(self._request.task_id, change)
+        return chunk.artifact_id
