@@ -22,42 +22,18 @@ from typing import TextIO
 
 import trio
 
+from agentik.client.chat_screen import ChatScreen
 from agentik.client.errors import AgentikConnectionError, AuthError
 from agentik.client.http import AgentikAgent, HttpConversation
 from agentik.client.reconnect import BackoffPolicy, Connected, Disconnected, Failed, Gap, ReconnectingOutbox
 from agentik.errors import AgentikError, MailboxFullError
 from agentik.wire import (
-    AppendText,
-    AssistantMessage,
-    AssistantMessageEvent,
     Cursor,
     Deleted,
-    End,
-    ErrorEvent,
-    Interrupted,
     MessageRecord,
-    Text,
-    ToolCall,
-    ToolCallEvent,
-    ToolFailed,
-    ToolResult,
-    ToolResultEvent,
-    UserMessage,
-    Working,
 )
-from agentik.wire import Error as ErrorMessage
 
-PROMPT = "you> "
 HISTORY = 10
-
-
-def _text(content: list[object]) -> str:
-    return "".join(c.body for c in content if isinstance(c, Text))
-
-
-def _short(text: str, n: int = 200) -> str:
-    text = text.replace("\n", " ")
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 class _Lines:
@@ -85,70 +61,16 @@ class _Lines:
         return await self._receive.receive()
 
 
-class Chat:
+class Chat(ChatScreen):
+    """One chat session: the conversation, the streams that feed the screen, the user's lines."""
+
     def __init__(self, agent: AgentikAgent, out: TextIO) -> None:
+        super().__init__(out)
         self.agent = agent
-        self.out = out
         self.conv: HttpConversation | None = None
-        self.busy = False  # a turn of ours is running (from send until End)
-        self.interrupting = False
-        self.streamed = False  # text of the current turn was printed (a newline is due)
-        self.ended = False  # the online End of the current turn arrived
-        self.interrupted = False  # the durable Interrupted of the current turn arrived
-        self.at_prompt = False
-        self.line_open = False
-        # The answer comes twice: streamed (live) and whole (durable). Live events missed while
-        # disconnected are lost, so a turn whose text was not streamed is shown from its
-        # durable AssistantMessage instead; late live text of such a turn is then ignored.
-        self.live_turn: str | None = None
-        self.streamed_turns: set[str | None] = set()
-        self.caught_up_turns: set[str | None] = set()  # the cursor is not at the start of a line
-        self.working_shown: set[str | None] = set()
         self.quit = trio.Event()
         #: set by /new and /list: the conversation to continue with (the session restarts on it)
         self.switch_to: HttpConversation | None = None
-
-    def say(self, text: str, end: str = "\n") -> None:
-        data = text + end
-        if data:
-            self.out.write(data)
-            self.out.flush()
-            self.line_open = not data.endswith("\n")
-            self.at_prompt = False
-
-    def note(self, text: str) -> None:
-        """A status line, on its own line even in the middle of streamed text or the prompt;
-        the prompt is shown again after it."""
-        reprompt = self.at_prompt
-        if self.line_open:
-            self.say("")
-        self.streamed = False
-        self.say(f"[{text}]")
-        if reprompt:
-            self.prompt()
-
-    def prompt(self) -> None:
-        self.say(PROMPT, end="")
-        self.at_prompt = True
-
-    def catch_up(self, turn_id: str | None) -> None:
-        """The durable stream ended this turn; its live End may never come."""
-        self.caught_up_turns.add(turn_id)
-        self.ended = True
-        self.maybe_finish_turn()
-
-    def turn_started(self) -> None:
-        self.busy = True
-        self.ended = self.interrupted = False
-
-    def maybe_finish_turn(self) -> None:
-        """Show the prompt once the turn is over: its End arrived and, if the user interrupted
-        it, its Interrupted too (the two come on different streams, in either order)."""
-        if not self.busy or not self.ended or (self.interrupting and not self.interrupted):
-            return
-        self.busy = False
-        self.interrupting = False
-        self.prompt()
 
     # --- start-up --------------------------------------------------------------------------------
 
@@ -194,23 +116,7 @@ class Chat:
             skipped = await self.agent.journal.list(conversation_id=conv.id, limit=count - HISTORY)
             after = skipped[-1].seq if skipped else 0
         records = await self.agent.journal.list(conversation_id=conv.id, after_seq=after, limit=HISTORY)
-        self.say(f"-- conversation {conv.title or '(untitled)'} [{conv.id}] --")
-        for rec in records:
-            msg = rec.message
-            if isinstance(msg, UserMessage):
-                self.say(f"you: {_text(list(msg.content))}")
-            elif isinstance(msg, AssistantMessage):
-                marker = " [interrupted]" if msg.interrupted else ""
-                self.say(f"agent: {_text(list(msg.content))}{marker}")
-            elif isinstance(msg, ToolCall):
-                self.say(f"[tool call: {msg.name}({_short(msg.arguments)})]")
-            elif isinstance(msg, ToolResult):
-                verdict = "tool failed" if msg.is_error else "tool result"
-                self.say(f"[{verdict}: {msg.name}: {_short(msg.content)}]")
-            elif isinstance(msg, ErrorMessage):
-                self.say(f"[error: {msg.message}]")
-        self.say("-- Ctrl-C interrupts the answer, Ctrl-C again (or Ctrl-D, /quit) quits; "
-                 "/help lists the commands --")
+        self.show_records(conv.title, conv.id, records)
 
     # --- running ---------------------------------------------------------------------------------
 
@@ -246,33 +152,6 @@ class Chat:
                 lost = False
                 self.note("reconnected")
 
-    def render_durable(self, event: object) -> None:
-        if isinstance(event, ToolCallEvent | ToolResultEvent | ToolFailed | ErrorEvent):
-            msg = event.record.message
-            if isinstance(msg, ToolCall):
-                self.note(f"tool call: {msg.name}({_short(msg.arguments)})")
-            elif isinstance(msg, ToolResult):
-                verdict = "tool failed" if isinstance(event, ToolFailed) or msg.is_error else "tool result"
-                self.note(f"{verdict}: {msg.name}: {_short(msg.content)}")
-            elif isinstance(msg, ErrorMessage):
-                self.note(f"error: {msg.message}")
-                self.catch_up(msg.turn_id)
-        elif isinstance(event, AssistantMessageEvent):
-            msg = event.record.message
-            if (
-                isinstance(msg, AssistantMessage) and not msg.interrupted
-                and msg.turn_id not in self.streamed_turns
-            ):
-                self.note("live stream missed; the whole answer:")
-                self.say(f"agent: {_text(list(msg.content))}")
-                self.catch_up(msg.turn_id)
-        elif isinstance(event, Interrupted):
-            self.note("interrupted")
-            self.interrupted = True
-            self.maybe_finish_turn()
-        elif isinstance(event, Deleted):
-            self.note("the conversation was deleted")
-
     async def online(self, conv: HttpConversation) -> None:
         while True:
             try:
@@ -284,33 +163,6 @@ class Chat:
             except AgentikError as exc:
                 self.note(f"live stream: {exc}")
             await trio.sleep(0.5)
-
-    def render_online(self, event: object) -> None:
-        if isinstance(event, Working):
-            if not self.busy:
-                self.turn_started()
-            if event.turn_id not in self.working_shown and event.turn_id not in self.streamed_turns:
-                # Sent when the turn starts and again while it waits (a slow or hung model):
-                # say so once per turn, so a silent wait is never a blank screen.
-                self.working_shown.add(event.turn_id)
-                self.note("the agent is working…")
-            self.live_turn = event.turn_id
-        elif isinstance(event, AppendText):
-            if self.live_turn in self.caught_up_turns:
-                return
-            self.streamed_turns.add(self.live_turn)
-            if not self.streamed:
-                self.say("agent: ", end="")
-            self.streamed = True
-            self.say(event.text, end="")
-        elif isinstance(event, End):
-            if event.turn_id in self.caught_up_turns:
-                return  # finished from the durable stream already
-            if self.streamed:
-                self.say("")
-            self.streamed = False
-            self.ended = True
-            self.maybe_finish_turn()
 
     async def on_sigint(self, signals: AsyncIterator[int]) -> None:
         async for _ in signals:
