@@ -5,13 +5,16 @@ Real ``agentik serve`` processes."""
 from __future__ import annotations
 
 import importlib.util
+import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
 
+from agentik.storage.dblock import lock_database
 from tests.test_web_lifespan import env_for, spawn
 
 SERVE = [sys.executable, "-m", "agentik.cli", "serve"]
@@ -57,3 +60,55 @@ async def test_port_in_use_names_the_port(tmp_path: Path) -> None:
 async def test_bad_variable(tmp_path: Path) -> None:
     line = await _fails(tmp_path, [*SERVE, "--port", "0"], AGENTIK_KEEP_ALIVE_TIMEOUT="soon")
     assert "AGENTIK_KEEP_ALIVE_TIMEOUT" in line, line
+
+
+# --- plain hypercorn -------------------------------------------------------------------------------
+# The same failures under `hypercorn -k trio agentik.web:app`: one line, nothing after it (no
+# "Running on", no traceback, no "leaked semaphore objects" from the supervisor's resource
+# tracker, whose output ends the stream: it holds the pipe until it exits), a non-zero exit.
+
+
+def _bad_model(tmp_path: Path) -> tuple[dict[str, str], str]:
+    if importlib.util.find_spec("litert_lm") is None:
+        pytest.skip("needs litert-lm")
+    return ({"AGENTIK_LLM_BACKEND": "litert",
+             "AGENTIK_LITERT_MODEL_PATH": str(tmp_path / "none.litertlm")},
+            "AGENTIK_LITERT_MODEL_PATH")
+
+
+def _bad_mcp_json(tmp_path: Path) -> tuple[dict[str, str], str]:
+    config = tmp_path / "mcp.json"
+    config.write_text('{"mcpServers": {\n  "a": {"command": "x",}\n}}\n')
+    return {"AGENTIK_MCP_CONFIG": str(config)}, "line 2, column"
+
+
+def _db_in_use(tmp_path: Path) -> tuple[dict[str, str], str]:
+    return {}, "is in use by another agentik process"
+
+
+@pytest.mark.parametrize("workers", ["1", "0"])
+@pytest.mark.parametrize("case", [_bad_model, _bad_mcp_json, _db_in_use])
+async def test_plain_hypercorn_startup_failure(
+    tmp_path: Path, case: Callable[[Path], tuple[dict[str, str], str]], workers: str
+) -> None:
+    extra, expected = case(tmp_path)
+    args = [sys.executable, "-m", "hypercorn", "-k", "trio", "-w", workers, "--bind",
+            "127.0.0.1:0", "agentik.web:app"]
+    held = lock_database(str(tmp_path / "agentik.db")) if case is _db_in_use else None
+    try:
+        async with spawn(args, env_for(tmp_path, **extra), tmp_path) as p:
+            with trio.fail_after(60):
+                code = await p.exit_code()
+    finally:
+        if held is not None:
+            held.release()
+    lines = [line for line in p.output.splitlines() if line.strip()]
+    assert len(lines) == 1, p.output  # the reason, once, and nothing after it
+    assert "agentik cannot start" in lines[0] and expected in lines[0], p.output
+    assert "leaked semaphore" not in p.output and "Running on" not in p.output
+    if workers == "0":
+        assert code == 2, p.output  # the app runs in hypercorn's process: a clean status
+    else:
+        # hypercorn 0.18's supervisor reports a failed worker as success (exit 0; see
+        # agentik.web.process.terminate): the worker kills it so the failure shows.
+        assert code == -signal.SIGKILL, p.output

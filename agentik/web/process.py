@@ -16,7 +16,9 @@ SIGTERM itself (a process-group kill) would die on the spot, so the app catches 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import logging
 import multiprocessing
 import os
@@ -52,14 +54,60 @@ def terminate(status: int) -> None:
 
     In a worker of hypercorn's supervisor (``hypercorn -k trio``), the worker's status is lost:
     hypercorn 0.18's ``run()`` exits 0 when its only worker fails (it calls ``_join_exited`` a
-    second time on the already emptied process list, which returns 0). The supervisor holds
-    nothing but the listening socket, and it treats SIGTERM/SIGINT as a clean shutdown, so it is
-    killed (SIGKILL) to make the failure visible to whoever restarts the server."""
+    second time on the already emptied process list, which returns 0; upstream
+    pgjones/hypercorn#269, fix proposed in PR #372). No code of ours runs in the supervisor (it
+    never imports the app), and it treats SIGTERM/SIGINT as a clean shutdown and SIGHUP as a
+    reload, so a signal it cannot handle is the only way to make its status non-zero: it is
+    killed (SIGKILL, status 137) to make the failure visible to whoever restarts the server. It
+    holds nothing but the listening socket and the shutdown event's semaphores, which are
+    released first (:func:`release_supervisor_semaphores`), so its resource tracker has no
+    "leaked semaphore objects" to warn about after the one line that said why."""
     flush_logs()
     supervisor = supervisor_pid()
     if supervisor is not None:
+        release_supervisor_semaphores()
         os.kill(supervisor, signal.SIGKILL)
     os._exit(status)
+
+
+def release_supervisor_semaphores() -> None:
+    """Unlink the named semaphores this worker shares with hypercorn's supervisor (the
+    ``shutdown_event`` it passed to the worker: an Event is five semaphores) and tell the
+    supervisor's resource tracker (whose pipe a spawned worker inherits) that they are gone.
+    What ``SemLock._cleanup`` would do in the supervisor at a normal exit; without it, killing
+    the supervisor made the tracker print "There appear to be 5 leaked semaphore objects to
+    clean up at shutdown" after the start-up failure. Best effort: the process is ending."""
+    from multiprocessing.synchronize import SemLock
+
+    names = {
+        name for obj in gc.get_objects()
+        if isinstance(obj, SemLock) and (name := getattr(getattr(obj, "_semlock", None), "name", None))
+    }
+    for name in names:
+        with contextlib.suppress(Exception):  # already unlinked, or the tracker is gone
+            SemLock._cleanup(name)  # type: ignore[attr-defined]
+
+
+#: the exit status of a start-up failure (a bad setting, a database in use), as ``agentik serve``
+STARTUP_FAILED = 2
+
+
+def end_failed_startup() -> None:
+    """After a start-up failure was reported in its one line: under hypercorn's command line, end
+    the process here, before hypercorn adds its own report. A worker of its supervisor
+    (``hypercorn -k trio``, one or more workers) ends through :func:`terminate`; the app run
+    in hypercorn's own process (``-w 0``) exits :data:`STARTUP_FAILED`, where hypercorn would
+    print the failure again as a 40-line traceback and exit 1. Embedded (``agentik serve``,
+    ``hypercorn.trio.serve`` in tests) it returns, and the caller's lifespan fails as usual."""
+    if supervisor_pid() is not None or _run_by_hypercorn_cli():
+        terminate(STARTUP_FAILED)
+
+
+def _run_by_hypercorn_cli() -> bool:
+    """True in the process of ``hypercorn ...`` / ``python -m hypercorn ...`` itself."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return "hypercorn.__main__" in sys.modules or getattr(spec, "name", None) == "hypercorn.__main__"
 
 
 def exit_process(exc: BaseException) -> None:
