@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     from agentik.config import Config
     from agentik.errors import (
         AgentikError,
+        BusyError,
         ConfigError,
         ConversationFailedError,
+        IdempotencyKeyReusedError,
         InvalidInputError,
         LlmError,
         MailboxFullError,
@@ -48,7 +50,8 @@ _EXPORTS: dict[str, str] = {
     "Config": "agentik.config",
     **dict.fromkeys(
         [
-            "AgentikError", "ConfigError", "ConversationFailedError", "InvalidInputError",
+            "AgentikError", "BusyError", "ConfigError", "ConversationFailedError",
+            "IdempotencyKeyReusedError", "InvalidInputError",
             "LlmError", "MailboxFullError", "NotFoundError", "OutboxGapError",
             "RuntimeClosedError", "StorageError", "ToolError",
         ],
@@ -62,12 +65,14 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "AgentikError",
+    "BusyError",
     "CommonEvent",
     "Config",
     "ConfigError",
     "ConversationFailedError",
     "Cursor",
     "FunctionTools",
+    "IdempotencyKeyReusedError",
     "Image",
     "InvalidInputError",
     "LlmError",

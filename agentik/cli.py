@@ -97,8 +97,12 @@ def _chat(args: argparse.Namespace) -> int:
         url = f"http://127.0.0.1:{port}"
     if not url.startswith(("http://", "https://")):
         where = "--url" if args.url else "AGENTIK_URL"
-        print(f"agentik chat: {where} {url!r} has no scheme: add http:// (e.g. "
-              f"http://{url.split('://')[-1]}) or https://", file=sys.stderr)
+        if "://" in url:
+            print(f"agentik chat: {where} {url!r} is not an http:// or https:// URL",
+                  file=sys.stderr)
+        else:
+            print(f"agentik chat: {where} {url!r} has no scheme: add http:// (e.g. "
+                  f"http://{url}) or https://", file=sys.stderr)
         return 2
     token = args.token or os.environ.get("AGENTIK_TOKEN") or None
     # Quiet: the chat prints its own messages; library log lines would garble the terminal.

@@ -234,3 +234,7 @@ def test_the_root_package_is_lazy_with_the_same_names() -> None:
     for name in agentik.__all__:
         assert getattr(agentik, name) is not None
     assert agentik.Text.__module__ == "agentik.wire"
+    # the errors a client of the busy policy and of Idempotency-Key catches (issue 11)
+    assert agentik.BusyError.__module__ == agentik.IdempotencyKeyReusedError.__module__ == (
+        "agentik.errors"
+    )

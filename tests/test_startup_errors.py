@@ -112,3 +112,21 @@ async def test_plain_hypercorn_startup_failure(
         # hypercorn 0.18's supervisor reports a failed worker as success (exit 0; see
         # agentik.web.process.terminate): the worker kills it so the failure shows.
         assert code == -signal.SIGKILL, p.output
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [("127.0.0.1:8080", "has no scheme: add http:// (e.g. http://127.0.0.1:8080)"),
+     ("ftp://127.0.0.1:8080", "is not an http:// or https:// URL")],
+)
+async def test_chat_url_without_http_scheme(tmp_path: Path, url: str, expected: str) -> None:
+    """Issue 11 #11: ``agentik chat --url 127.0.0.1:8080`` says to add ``http://`` (exit 2),
+    before it tries to connect anywhere."""
+    chat = [sys.executable, "-m", "agentik.cli", "chat", "--url", url]
+    async with spawn(chat, env_for(tmp_path), tmp_path) as p:
+        with trio.fail_after(60):
+            code = await p.exit_code()
+    assert code == 2, p.output
+    assert p.output.strip() == f"agentik chat: --url {url!r} {expected}" + (
+        " or https://" if "no scheme" in expected else ""
+    ), p.output

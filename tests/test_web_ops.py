@@ -10,7 +10,9 @@ from typing import Any
 import httpx2
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from quart import Response
 
+from agentik.web.app import create_app
 from tests.scripted_openai import Fail, Hang, Reply, ScriptedOpenAI
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
@@ -364,3 +366,22 @@ async def test_websocket_commands_take_on_busy_and_idempotency_key(
         busy = await wsc.call("send", conversation_id=cid, content=TEXT, on_busy="reject")
         assert busy["type"] == "error" and busy["error"]["code"] == "busy"
         assert (await count_user_messages(client, cid)) == 1
+
+
+async def test_cors_vary_origin_is_added_to_the_routes_vary(
+    tmp_path: Any, openai: ScriptedOpenAI
+) -> None:
+    """``Vary: Origin`` joins a Vary header the route already set (caches must still key on
+    both), and is not repeated."""
+    app = create_app(make_config(tmp_path, openai, cors_origins=(APP,)), handle_sigterm=False)
+
+    @app.route("/vary-test")
+    async def vary_test() -> Response:
+        return Response(b"{}", headers={"Vary": "Accept-Encoding"})
+
+    client = app.test_client()
+    response = await client.get("/vary-test", headers={"Origin": APP})
+    assert response.headers["Access-Control-Allow-Origin"] == APP
+    assert response.headers.getlist("Vary") == ["Accept-Encoding, Origin"]
+    plain = await client.get("/vary-test")  # no Origin: the route's Vary alone
+    assert plain.headers.getlist("Vary") == ["Accept-Encoding"]

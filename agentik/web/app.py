@@ -164,7 +164,10 @@ async def _after_request(response: Response) -> Response:
     if origins and request.method != "OPTIONS":
         for name, value in (cors.response_headers(origins, request.headers.get("Origin"))
                             or {}).items():
-            response.headers[name] = value
+            if name == "Vary":
+                response.vary.add(value)  # added to a Vary the route set, never replacing it
+            else:
+                response.headers[name] = value
     if _unread_body():
         # Answered without reading the body (413, 401, 404, a GET with a body, ...): the rest
         # of it may still be on the connection, which then cannot carry another request.
