@@ -11,7 +11,7 @@ in-process agent catches the same classes over HTTP::
      ├── ConfigError               500 config      a bad configuration value; names the variable
      │     raised by: Config.from_env, open_runtime (backend choice), the llm backends' set-up
      ├── InvalidInputError         400 invalid_input  input that fails validation (msgspec's message)
-     │   │ raised by: the Agent API (limits, empty content), wire.decode_input, Cursor.parse,
+     │   │ raised by: the Agent API (limits, empty content), api.decode_input, Cursor.parse,
      │   │            the web routes (query parameters, frames), the client (bad arguments)
      │   └── PayloadTooLargeError  413 too_large   a body or WebSocket message over max_body_bytes
      │         raised by: agentik.web (read_body); the client for a 413

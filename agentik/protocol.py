@@ -20,7 +20,6 @@ import msgspec
 from agentik.wire import (
     CommonEvent,
     Content,
-    ConversationView,  # noqa: F401 - re-exported for agentik.client; defined in wire
     MessageContext,
     Tagged,
     Wire,

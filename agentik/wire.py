@@ -6,16 +6,15 @@ are only ever added with defaults, so old stored payloads and old clients keep d
 
 Encoders and decoders are built once at import (``encode``, ``decode_*``); a decode error is a
 ``msgspec.ValidationError`` whose message names the offending path, e.g.
-``Expected `str`, got `int` - at `$.content[0].body```. ``agentik.wire.convert_input`` turns it
-into :class:`agentik.errors.InvalidInputError`.
+``Expected `str`, got `int` - at `$.content[0].body```. For a client's JSON,
+:mod:`agentik.api` (``decode_input``, ``convert_input``) turns it into
+:class:`agentik.errors.InvalidInputError`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import msgspec
 
@@ -344,24 +343,6 @@ def event_type(event: Event) -> str:
     return type(event).__struct_config__.tag  # type: ignore[return-value]
 
 
-class ConversationView:
-    """What the in-process and the HTTP conversation handles derive from their record alike."""
-
-    record: ConversationRecord
-
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def title(self) -> str | None:
-        return self.record.title
-
-    @property
-    def is_temporal(self) -> bool:
-        return self.record.is_temporal
-
-
 # --- snapshots -----------------------------------------------------------------------------------
 
 
@@ -384,39 +365,3 @@ encode = _encoder.encode
 decode_common_event = msgspec.json.Decoder(CommonEvent).decode
 decode_message = msgspec.json.Decoder(Message).decode
 decode_working_item = msgspec.json.Decoder(WorkingItem).decode
-
-T = TypeVar("T")
-
-
-def convert_input(data: Any, into: type[T]) -> T:
-    """Validate already-parsed data (e.g. a JSON body) into a wire type.
-
-    Raises InvalidInputError carrying msgspec's message, which names the offending path.
-    """
-    try:
-        return msgspec.convert(data, into)
-    except msgspec.ValidationError as exc:
-        raise InvalidInputError(str(exc)) from None
-
-
-#: what a client is told when its JSON nests deeper than the decoder's recursion limit
-TOO_DEEP = "invalid JSON: nested too deeply"
-
-
-def decode_input(raw: bytes | str, into: type[T]) -> T:
-    """Decode and validate JSON into a wire type; InvalidInputError on bad JSON or bad shape."""
-    return decode_client_json(partial(msgspec.json.decode, type=into), raw)
-
-
-def decode_client_json(decode: Callable[[bytes | str], T], raw: bytes | str) -> T:
-    """``decode(raw)`` for JSON from a client: every way it can fail is an InvalidInputError
-    (msgspec's message names the path; a document nested deeper than msgspec's recursion limit,
-    e.g. 100,000 ``[``, raises RecursionError, which must be a 400, never a 500)."""
-    try:
-        return decode(raw)
-    except msgspec.ValidationError as exc:
-        raise InvalidInputError(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidInputError(f"invalid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidInputError(TOO_DEEP) from None

@@ -23,14 +23,18 @@ PACKAGE = Path(agentik.__file__).resolve().parent
 #: the bare root ``agentik`` (the public façade), which stands for itself only
 GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.metrics: a leaf (prometheus-client only) every layer may update
-    "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics"),
+    # agentik.api: what the in-process agent and the client share (content, conversation handle)
+    "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics", "agentik.api"),
     "config": ("agentik.config",),
     "context": ("agentik.context",),
     "storage": ("agentik.storage",),
     "llm": ("agentik.llm",),
     "tools": ("agentik.tools",),
     "actors": ("agentik.actors",),
-    "facade": ("agentik", "agentik.runtime", "agentik.agent", "agentik.testing", "agentik.cluster"),
+    "facade": (
+        "agentik", "agentik.runtime", "agentik.agent", "agentik.agent_handles", "agentik.testing",
+        "agentik.cluster",
+    ),
     # agentik.sse: the SSE frame and bodies both front doors use (below web/ and a2a/)
     "front": ("agentik.web", "agentik.a2a", "agentik.sse"),
     "client": ("agentik.client",),

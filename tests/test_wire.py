@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from agentik import api
 from agentik import wire as w
 from agentik.errors import InvalidInputError
 
@@ -85,13 +86,13 @@ def test_working_items_round_trip() -> None:
 
 def test_malformed_input_names_the_field() -> None:
     with pytest.raises(InvalidInputError, match=r"\$\.content\[0\]\.body"):
-        w.decode_input(b'{"content": [{"type": "text", "body": 1}]}', w.UserMessage)
+        api.decode_input(b'{"content": [{"type": "text", "body": 1}]}', w.UserMessage)
     with pytest.raises(InvalidInputError, match="type"):
-        w.decode_input(b'{"content": [{"type": "video"}]}', w.UserMessage)
+        api.decode_input(b'{"content": [{"type": "video"}]}', w.UserMessage)
     with pytest.raises(InvalidInputError, match="invalid JSON"):
-        w.decode_input(b'{"content": ', w.UserMessage)
+        api.decode_input(b'{"content": ', w.UserMessage)
     with pytest.raises(InvalidInputError, match="content"):
-        w.convert_input({}, w.UserMessage)
+        api.convert_input({}, w.UserMessage)
 
 
 def test_cursor_parse() -> None:

@@ -5,13 +5,14 @@ in-process agent's. Each call is one request through the agent's transport.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from agentik.api import ConversationView
 from agentik.client.streams import OnOpen, agent_only, decode_answer
-from agentik.protocol import ConversationView, CountResult, CursorPair
-from agentik.wire import CommonEvent, Content, ConversationRecord, Cursor, MessageContext, MessageRecord
+from agentik.protocol import CountResult, CursorPair
+from agentik.wire import CommonEvent, Cursor, MessageRecord
 
 if TYPE_CHECKING:
     from agentik.client.http import AgentikAgent
@@ -110,37 +111,16 @@ class HttpOnlineOutbox:
         return self._agent._live(path, on_open)
 
 
-class HttpConversation(ConversationView):
-    """A handle on one conversation (like :class:`agentik.agent.LocalConversation`)."""
-
-    def __init__(self, agent: AgentikAgent, record: ConversationRecord) -> None:
-        self._agent = agent
-        self.record = record
-        self._closed = False
+class HttpConversation(ConversationView["AgentikAgent"]):
+    """A handle on one conversation (like :class:`agentik.agent.LocalConversation`): ``send``,
+    ``interrupt``, ``rename`` and ``close`` as :class:`agentik.api.ConversationView` makes them
+    (``send`` returns once the server stored the message: 202; see :meth:`AgentikAgent.send` for
+    the idempotency key and the retries)."""
 
     @property
     def supports_image_input(self) -> bool | None:
         """From the agent info, once fetched (``await agent.info()``); None before."""
         return self._agent.supports_image_input
-
-    async def send(
-        self,
-        content: Sequence[Content] | Content | str,
-        context: MessageContext | None = None,
-        *,
-        on_busy: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> str:
-        """Queue a user message; returns its id once the server stored it (202). The answer
-        arrives as events. ``on_busy``: queue | reject | interrupt (default: the server's
-        AGENTIK_BUSY_POLICY). Raises MailboxFullError, BusyError, NotFoundError,
-        ConversationFailedError; see :meth:`AgentikAgent.send` for the idempotency key."""
-        return await self._agent.send(self.id, content, context, on_busy=on_busy,
-                                      idempotency_key=idempotency_key)
-
-    async def interrupt(self) -> bool:
-        """Cancel the running turn (Interrupted event). Returns whether a turn was running."""
-        return await self._agent.interrupt(self.id)
 
     async def get_messages(
         self, after_seq: int = 0, offset: int = 0, limit: int = 100
@@ -150,11 +130,3 @@ class HttpConversation(ConversationView):
             "GET", f"{conversation_path(self.id)}/messages", params=params
         )
         return decode_answer(raw, list[MessageRecord])
-
-    async def rename(self, title: str | None) -> ConversationRecord:
-        self.record = await self._agent.rename_conversation(self.id, title)
-        return self.record
-
-    async def close(self) -> None:
-        """Release this handle (idempotent). The conversation itself stays; see delete."""
-        self._closed = True

@@ -22,6 +22,7 @@ from typing import Any, cast
 import anyio
 import httpx2
 
+from agentik.api import as_content
 from agentik.client.errors import AgentikConnectionError, error_from_response
 from agentik.client.handles import (
     HttpConversation,
@@ -31,7 +32,7 @@ from agentik.client.handles import (
     conversation_path,
 )
 from agentik.client.streams import OnOpen, decode_answer, read_durable, read_live
-from agentik.errors import InvalidInputError, NotFoundError, RuntimeClosedError, StorageError
+from agentik.errors import NotFoundError, RuntimeClosedError, StorageError
 from agentik.protocol import (
     AgentInfo,
     CreateConversationBody,
@@ -48,25 +49,11 @@ from agentik.wire import (
     ConversationRecord,
     ConversationsSnapshot,
     Cursor,
-    Image,
     MessageContext,
-    Text,
     encode,
 )
 
 __all__ = ["AgentikAgent", "HttpConversation", "HttpJournal", "HttpOnlineOutbox", "HttpOutbox"]
-
-
-def _content(content: Sequence[Content] | Content | str) -> list[Content]:
-    """The same normalisation as the in-process agent: a str is one Text."""
-    if isinstance(content, str):
-        return [Text(body=content)]
-    if isinstance(content, Text | Image):
-        return [content]
-    items = list(content)
-    if not items:
-        raise InvalidInputError("content must not be empty")
-    return items
 
 
 def _api_root(base_url: str) -> str:
@@ -213,7 +200,7 @@ class AgentikAgent:
         fresh one unless given) and is sent again with the same key, up to ``write_retries``
         times, when no answer came (connection lost, timeout) or the server said 503: a retry of
         a send that was in fact stored returns the first message's id and stores nothing."""
-        body = encode(SendMessageBody(content=_content(content), context=context,
+        body = encode(SendMessageBody(content=as_content(content), context=context,
                                       on_busy=cast(Any, on_busy)))  # the server validates it
         raw = await self._idempotent_write(
             f"{conversation_path(conversation_id)}/messages", body, idempotency_key)

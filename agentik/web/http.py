@@ -17,6 +17,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 import agentik
 from agentik import metrics
+from agentik.api import decode_input
 from agentik.errors import InvalidInputError, NotFoundError, PayloadTooLargeError
 from agentik.web._state import json_response, state
 from agentik.web.openapi import openapi_document
@@ -33,7 +34,6 @@ from agentik.web.types import (
     SendMessageBody,
     ToolsStatus,
 )
-from agentik.wire import decode_input
 
 bp = Blueprint("agentik_http", __name__)
 

@@ -28,6 +28,7 @@ from quart import Blueprint, Response, websocket
 
 from agentik import metrics
 from agentik.agent import LocalAgent
+from agentik.api import decode_client_json
 from agentik.errors import AgentikError, InvalidInputError, NotFoundError, http_status
 from agentik.web import auth
 from agentik.web._state import WebState, error_response, log, log_request, state
@@ -55,7 +56,7 @@ from agentik.web.types import (
     SubscribeResult,
     Unsubscribe,
 )
-from agentik.wire import Cursor, decode_client_json, encode
+from agentik.wire import Cursor, encode
 
 bp = Blueprint("agentik_ws", __name__)
 

@@ -1,0 +1,174 @@
+"""The handles of :class:`~agentik.agent.LocalAgent` over storage: ``agent.journal``,
+``agent.outbox``, ``agent.online_outbox`` and ``agent.task_records`` (the in-process
+counterparts of :mod:`agentik.client.handles`), and the limits every read checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
+
+from agentik.errors import InvalidInputError
+from agentik.storage import ops
+from agentik.storage import queries as q
+from agentik.storage.hub import OnlineSubscription
+from agentik.storage.writer import StoredEvent
+from agentik.wire import CommonEvent, Cursor, MessageRecord, TaskUpdated
+
+if TYPE_CHECKING:
+    from agentik.actors.deps import Deps
+    from agentik.storage.actor import Storage
+
+MAX_PAGE = 1000
+
+
+def check_limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidInputError(f"limit must be 1..{MAX_PAGE}, got {limit}")
+    return limit
+
+
+def check_non_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise InvalidInputError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+class Journal:
+    """Append-only journal reads by seq."""
+
+    def __init__(self, deps: Deps) -> None:
+        self._deps = deps
+
+    async def list(
+        self,
+        conversation_id: str | None = None,
+        after_seq: int = 0,
+        up_to_seq: int | None = None,
+        limit: int = 100,
+    ) -> list[MessageRecord]:
+        return await self._deps.storage.reader.run(
+            q.journal, conversation_id, check_non_negative("after_seq", after_seq), up_to_seq,
+            check_limit(limit),
+        )
+
+    async def count(self, conversation_id: str | None = None, after_seq: int = 0) -> int:
+        return await self._deps.storage.reader.run(
+            q.journal_count, conversation_id, check_non_negative("after_seq", after_seq)
+        )
+
+
+class Outbox:
+    """Durable events by cursor: replay from the stored outbox, then live."""
+
+    def __init__(self, deps: Deps) -> None:
+        self._hub = deps.storage.hub
+
+    async def current_cursor(self) -> Cursor:
+        return self._hub.current_cursor()
+
+    async def oldest_cursor(self) -> Cursor:
+        return self._hub.oldest_cursor()
+
+    def events(self, after: Cursor | None = None) -> AsyncGenerator[CommonEvent, None]:
+        """Every durable event (agent and conversation) after ``after`` (None: from now)."""
+        return self._hub.events(after)
+
+    def agent_events(self, after: Cursor | None = None) -> AsyncGenerator[CommonEvent, None]:
+        """Conversation-list events only: Created, Deleted, Renamed, Touched."""
+        return self._hub.events(after, kind="agent")
+
+    def conversation_events(
+        self, after: Cursor | None, conversation_id: str
+    ) -> AsyncGenerator[CommonEvent, None]:
+        """One conversation's durable events, including its own Renamed/Touched; it ends after
+        the conversation's Deleted."""
+        return self._hub.events(after, conversation_id=conversation_id)
+
+    # For transports (agentik.web): the same streams as stored, so they need not re-encode.
+
+    def resumable(self, after: Cursor | None) -> Cursor:
+        """``after`` (None: the current head) if a stream can start there. Raises OutboxGapError
+        at once, so a transport can answer before its stream starts."""
+        cursor = self._hub.current_cursor() if after is None else after
+        self._hub.check(cursor)
+        return cursor
+
+    def stored_batches(
+        self, after: Cursor, *, conversation_id: str | None = None, kind: str | None = None
+    ) -> AsyncGenerator[list[StoredEvent], None]:
+        """The durable events of ``events`` / ``agent_events`` (``kind="agent"``) /
+        ``conversation_events`` (``conversation_id``) in the batches they are committed in, each
+        event with its stored CommonEvent JSON (``raw``). Same order, errors and end; the
+        subscription is in place at the first step of the iteration (before it waits)."""
+        return self._hub.stream(after, conversation_id=conversation_id, kind=kind)
+
+    async def has_events_after(self, conversation_id: str, after: Cursor) -> bool:
+        """Whether events of ``conversation_id`` after ``after`` are stored (e.g. the Deleted of
+        a conversation that is gone now, still to be streamed to a client resuming there)."""
+        return await self._hub.has_events_after(conversation_id, after)
+
+
+class OnlineOutbox:
+    def __init__(self, deps: Deps) -> None:
+        self._hub = deps.storage.hub
+
+    def online_events(self, conversation_id: str) -> AsyncGenerator[CommonEvent, None]:
+        """Live-only events (Working, StartResponse, AppendText, End, ...); no cursor, no replay."""
+        return self._hub.online_events(conversation_id)
+
+    def subscribe(self, conversation_id: str) -> OnlineSubscription:
+        """The same events on a receive channel, subscribed when this returns (no generator and
+        no task in between: the live SSE stream reads it directly); ``close()`` it when done."""
+        return self._hub.subscribe_online(conversation_id)
+
+
+class TaskRecords:
+    """Task records kept under the shared counter (the A2A facade's tasks, SPEC §11): each
+    change stores the whole record (an opaque JSON ``record``, its ``state``) with seq = N and a
+    ``TaskUpdated`` event (``update``, outbox kind ``a2a``) at offset N, in one transaction.
+    ``expect_seq`` makes a change conditional on the seq last read (None: the record must not
+    exist); a stale one raises ConflictError and stores nothing."""
+
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+
+    async def put(
+        self, *, task_id: str, context_id: str, conversation_id: str | None, state: str,
+        record: bytes, update: bytes, expect_seq: int | None,
+    ) -> int:
+        """Store one change; returns its seq. Raises ConflictError, StorageError."""
+        seq: int = await self._storage.write(ops.PutA2ATask(
+            task_id=task_id, context_id=context_id, conversation_id=conversation_id,
+            state=state, task=record, update=update, expect_seq=expect_seq,
+        ))
+        return seq
+
+    async def get(self, task_id: str) -> q.A2ATaskRow | None:
+        return await self._storage.reader.run(q.get_a2a_task, task_id)
+
+    async def latest_of_context(self, context_id: str) -> q.A2ATaskRow | None:
+        """The context's most recently created record, None for an unused context."""
+        return await self._storage.reader.run(q.latest_a2a_task_of_context, context_id)
+
+    async def page(
+        self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int
+    ) -> tuple[list[q.A2ATaskRow], int]:
+        """Newest first by creation (before ``before_first_seq`` if given), and the total."""
+        return await self._storage.reader.run(
+            q.list_a2a_tasks, context_id, state, before_first_seq, check_limit(limit)
+        )
+
+    async def in_states(self, states: tuple[str, ...]) -> list[q.A2ATaskRow]:
+        return await self._storage.reader.run(q.a2a_tasks_in_states, states)
+
+    async def updates(self, after_seq: int) -> AsyncGenerator[tuple[int, TaskUpdated], None]:
+        """Every record change after ``after_seq`` (replayed, then live), in order. A position
+        already trimmed from the outbox starts at the oldest retained change: a record's last
+        change is its newest, so nothing of a record read at ``after_seq`` is skipped."""
+        hub = self._storage.hub
+        after = max(after_seq, hub.oldest_cursor().offset)
+        async for batch in hub.stream(Cursor(epoch=hub.epoch, offset=after), kind="a2a"):
+            for ev in batch:
+                if isinstance(ev.event.event, TaskUpdated):
+                    yield ev.offset, ev.event.event
