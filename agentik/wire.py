@@ -20,9 +20,22 @@ import msgspec
 
 from agentik.errors import InvalidInputError
 
-#: a cursor offset: ASCII digits, at most what SQLite's INTEGER holds
-_OFFSET = re.compile(r"[0-9]{1,19}")
+#: the largest cursor offset (and seq, count or offset in a query): what SQLite's INTEGER holds
 MAX_OFFSET = 2**63 - 1
+_OFFSET = re.compile(r"[0-9]{1,19}")
+
+
+def parse_offset(text: str) -> int | None:
+    """The one rule for a cursor offset and every integer in a request (``after=``,
+    ``Last-Event-ID``, the WebSocket's ``after``, ``limit``/``offset``/``after_seq`` query
+    parameters, the client reading a server's cursor): 1 to 19 ASCII digits, at most
+    :data:`MAX_OFFSET`; None for anything else. Not ``int()`` / ``str.isdigit()``: they take
+    "²", Arabic-Indic and full-width digits, signs, spaces and ``_``, and a 5,000-digit string
+    hits Python's int-string limit (a 500)."""
+    if _OFFSET.fullmatch(text) is None:
+        return None
+    value = int(text)
+    return value if value <= MAX_OFFSET else None
 
 
 def _snake(name: str) -> str:
@@ -182,19 +195,15 @@ class Cursor(Wire, frozen=True, kw_only=True):
     @classmethod
     def parse(cls, text: str) -> Cursor:
         """Parse ``EPOCH:OFFSET``; raises InvalidInputError naming the problem."""
-        epoch, sep, offset = text.rpartition(":")
-        # ASCII digits only (str.isdigit() also takes "²" and other scripts' digits), at most 19
-        # of them and within SQLite's INTEGER (a 5,000-digit offset hit Python's int limit).
-        if (
-            not sep or not epoch or not _OFFSET.fullmatch(offset)
-            or int(offset) > MAX_OFFSET
-        ):
+        epoch, sep, digits = text.rpartition(":")
+        offset = parse_offset(digits)
+        if not sep or not epoch or offset is None:
             shown = text if len(text) <= 80 else text[:80] + "..."
             raise InvalidInputError(
                 "cursor must be EPOCH:OFFSET with a non-negative offset of at most 19 ASCII "
                 f"digits, got {shown!r}"
             )
-        return cls(epoch=epoch, offset=int(offset))
+        return cls(epoch=epoch, offset=offset)
 
 
 # --- events --------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ JSON, a body or query parameter that fails validation), NotFoundError (404), Pay
 from __future__ import annotations
 
 import inspect
-import re
 from typing import Any, TypeVar
 
 from quart import Blueprint, Response, g, request
@@ -34,14 +33,12 @@ from agentik.web.types import (
     SendMessageBody,
     ToolsStatus,
 )
+from agentik.wire import parse_offset
 
 bp = Blueprint("agentik_http", __name__)
 
 T = TypeVar("T")
 
-#: largest value a query parameter may have: what SQLite's INTEGER holds
-_MAX_INT = 2**63 - 1
-_INT = re.compile(r"[0-9]{1,19}")
 
 
 # --- input helpers -------------------------------------------------------------------------------
@@ -57,11 +54,14 @@ def opt_int_param(name: str) -> int | None:
     raw = request.args.get(name)
     if raw is None or raw == "":
         return None
-    if not _INT.fullmatch(raw) or int(raw) > _MAX_INT:
+    value = parse_offset(raw)  # the rule of cursor offsets (agentik.wire)
+    if value is None:
+        shown = raw if len(raw) <= 80 else raw[:80] + "..."
         raise InvalidInputError(
-            f"query parameter `{name}` must be a non-negative integer, got {raw!r}"
+            f"query parameter `{name}` must be a non-negative integer of at most 19 ASCII "
+            f"digits, got {shown!r}"
         )
-    return int(raw)
+    return value
 
 
 def idempotency_key() -> str | None:
