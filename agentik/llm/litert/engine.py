@@ -11,7 +11,7 @@ import atexit
 import logging
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,7 @@ from agentik.errors import ConfigError, LlmConnectionError, LlmError, LlmRespons
 from agentik.llm.base import ToolSpec
 from agentik.llm.boundary import ErrorTable, map_exceptions
 from agentik.llm.litert.conversation import LiteRtConversation
-from agentik.llm.litert.format import Message, history_to_messages
+from agentik.llm.litert.format import Message, described_tool, history_to_messages
 from agentik.wire import WorkingItem
 
 if TYPE_CHECKING:
@@ -335,7 +335,7 @@ class LiteRtLlm:
             "automatic_tool_calling": False,
         }
         if conv.tools:
-            kwargs["tools"] = [_described_tool(litert_lm, spec) for spec in conv.tools]
+            kwargs["tools"] = [described_tool(litert_lm, spec) for spec in conv.tools]
         sampler = {k: v for k, v in self._sampler.items() if v is not None}
         if sampler:
             kwargs["sampler_config"] = litert_lm.SamplerConfig(**sampler)
@@ -381,28 +381,3 @@ _PROBE_TEXT = "Hello there."
 
 def _probe() -> Message:
     return {"role": "user", "content": [{"type": "text", "text": _PROBE_TEXT}]}
-
-
-def _described_tool(litert_lm: Any, spec: ToolSpec) -> Any:
-    """A ``litert_lm.Tool`` that only describes ``spec``: with automatic tool calling off, the
-    engine never executes it."""
-
-    description = {
-        "type": "function",
-        "function": {
-            "name": spec.name,
-            "description": spec.description,
-            "parameters": spec.parameters or {"type": "object", "properties": {}},
-        },
-    }
-
-    class _Described(litert_lm.Tool):
-        def get_tool_description(self) -> dict[str, Any]:
-            return description
-
-        def execute(self, param: Mapping[str, Any]) -> Any:
-            raise RuntimeError(f"tool {spec.name!r} runs in agentik's tool loop, not the engine")
-
-    return _Described()
-
-

@@ -1,6 +1,7 @@
 """Pure code of the LiteRT-LM backend: working memory as the engine's messages (the final step of
 :func:`agentik.llm.history.render_history`), and the engine's streamed message dicts as
-:data:`agentik.llm.base.LlmDelta`. No engine, no threads, no trio."""
+:data:`agentik.llm.base.LlmDelta`, and a tool spec as the engine's tool description. No engine, no
+threads, no trio."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from agentik.llm.base import LlmDelta, ReasoningDelta, TextDelta, ToolCallAssembler, ToolCallDelta
+from agentik.llm.base import (
+    LlmDelta,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallAssembler,
+    ToolCallDelta,
+    ToolSpec,
+)
 from agentik.llm.history import render_history, user_parts
 from agentik.wire import Content, Image, Text, ToolCallSpec, WorkingItem
 
@@ -181,3 +189,28 @@ def _arguments_dict(arguments: str) -> dict[str, Any]:
     except ValueError:
         return {"arguments": arguments}
     return value if isinstance(value, dict) else {"arguments": value}
+
+
+def described_tool(litert_lm: Any, spec: ToolSpec) -> Any:
+    """A ``litert_lm.Tool`` that only describes ``spec``: with automatic tool calling off, the
+    engine never executes it."""
+
+    description = {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters or {"type": "object", "properties": {}},
+        },
+    }
+
+    class _Described(litert_lm.Tool):
+        def get_tool_description(self) -> dict[str, Any]:
+            return description
+
+        def execute(self, param: Mapping[str, Any]) -> Any:
+            raise RuntimeError(f"tool {spec.name!r} runs in agentik's tool loop, not the engine")
+
+    return _Described()
+
+
