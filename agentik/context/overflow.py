@@ -29,22 +29,22 @@ def is_overflow_text(text: str) -> bool:
     return bool(_OVERFLOW_WORDS.search(text))
 
 
-def window_from_text(text: str) -> int | None:
-    """The window size a backend's overflow message names, if any."""
-    for pattern in _WINDOW_PATTERNS:
+def _first_number(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:
+    for pattern in patterns:
         match = pattern.search(text)
         if match:
             return int(match.group(1))
     return None
+
+
+def window_from_text(text: str) -> int | None:
+    """The window size a backend's overflow message names, if any."""
+    return _first_number(_WINDOW_PATTERNS, text)
 
 
 def tokens_from_text(text: str) -> int | None:
     """The prompt size a backend's overflow message names, if any."""
-    for pattern in _TOKENS_PATTERNS:
-        match = pattern.search(text)
-        if match:
-            return int(match.group(1))
-    return None
+    return _first_number(_TOKENS_PATTERNS, text)
 
 
 def learned_window(
