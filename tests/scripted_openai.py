@@ -195,6 +195,8 @@ class ScriptedOpenAI:
         self.base_url: str = ""
         #: JSON bodies of every /v1/chat/completions request, in arrival order
         self.requests: list[dict[str, Any]] = []
+        #: the client address (host, port) of each of those requests: one TCP connection per port
+        self.peers: list[Any] = []
         #: answers requests when the queue is empty and ``callable_default`` is None
         self.default: Step = Echo()
         #: if set, answers requests when the queue is empty: ``fn(body) -> step``
@@ -279,6 +281,7 @@ class ScriptedOpenAI:
             if not isinstance(body, dict):
                 return _error_body(400, "request body is not a JSON object"), 400
             self.requests.append(body)
+            self.peers.append(request.scope.get("client"))
             self._request_arrived.set()
             self._request_arrived = trio.Event()
             if self.context_limit is not None:

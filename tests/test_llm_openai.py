@@ -102,6 +102,25 @@ def free_port() -> int:
 # --- streaming -----------------------------------------------------------------------------------
 
 
+async def test_rounds_reuse_one_connection() -> None:
+    """A round read to its [DONE] leaves the body read to its end, so its connection goes back
+    to the pool: sequential rounds (and conversations) use one TCP connection (issue 13: a
+    response closed unread closed its connection, and every round connected anew)."""
+    async with open_scripted_openai() as server:
+        server.push(Reply("one two"), Reply("three"), Reply("four"))
+        llm = make_llm(server)
+        try:
+            conv = await llm.open([], [])
+            assert text_of(await collect(conv, user("a"))) == "one two"
+            assert text_of(await collect(conv, user("b"))) == "three"
+            other = await llm.open([], [])
+            assert text_of(await collect(other, user("c"))) == "four"
+        finally:
+            await llm.aclose()
+    assert len(server.peers) == 3
+    assert len(set(server.peers)) == 1, server.peers
+
+
 async def test_plain_text_stream() -> None:
     async with open_scripted_openai() as server:
         server.push(Reply("Hello big wide world", usage=(12, 4)))

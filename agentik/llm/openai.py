@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 
 #: the longest we wait to establish a connection, whatever the read timeout is
 _CONNECT_TIMEOUT = 30.0
+#: the longest we read on after ``[DONE]`` to keep the connection for the next round
+_DRAIN_TIMEOUT = 1.0
 
 
 class OpenAiLlm:
@@ -256,7 +258,8 @@ class OpenAiConversation:
                             f"the LLM endpoint {self._llm.endpoint} did not answer within "
                             f"{self._llm.timeout:g} s (AGENTIK_LLM_TIMEOUT, retries included)"
                         )
-                    async for line in response.iter_lines():
+                    lines = response.iter_lines()
+                    async for line in lines:
                         if not line.startswith("data:"):
                             continue
                         data = line[5:].strip()
@@ -265,6 +268,14 @@ class OpenAiConversation:
                             break
                         for delta in reader.deltas(CHUNK.decode(data)):
                             yield delta
+                    if done:
+                        # Read the body to its end (normally nothing is left after [DONE]): a
+                        # response closed unread closes its connection, so every round would
+                        # open a new one (issue 13: a connect, a resolve in a thread, a handshake
+                        # per turn). A server that keeps sending gets its connection closed.
+                        with trio.move_on_after(_DRAIN_TIMEOUT):
+                            async for _ in lines:
+                                pass
         except LlmContextOverflowError as exc:
             sent = sum(estimate_tokens(json.dumps(m.get("content"))) + 8
                        for m in self.messages) + (limit or 0)
