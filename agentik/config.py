@@ -30,7 +30,7 @@ class Config:
     openai_model: str = "gpt-4o-mini"
     #: seconds without a byte from the backend before a turn fails
     llm_timeout: float = 120.0
-    #: retries the openai SDK makes on connection errors and 5xx before failing the turn
+    #: retries of an openai request on connection errors and 5xx, within llm_timeout
     llm_max_retries: int = 2
     #: the model's context window in tokens, overriding what the backend knows (0 = the engine's
     #: own; for openai learned from the server's first overflow refusal); docs/CONTEXT.md

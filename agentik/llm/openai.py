@@ -13,13 +13,18 @@ streamed request.
   calls) is appended to that list, and ``add_tool_result`` appends tool answers.
 
 The request's ``timeout`` is an ``httpx2.Timeout``: its read timeout bounds the wait for each
-chunk, so a server that stops sending mid-stream fails the turn with ``LlmTimeoutError``.
+chunk, so a server that stops sending mid-stream fails the turn with ``LlmTimeoutError``. The
+wait for the response (until its headers) is bounded as a whole by the same timeout, retries
+included: the retries are ours (:func:`retry_delay` says what is retried, as the SDK would;
+:func:`agentik.llm.boundary.retry_within` makes a retry only when it can still finish in time),
+and nothing is retried once the response has started.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
@@ -47,7 +52,7 @@ from agentik.errors import (
     LlmTimeoutError,
 )
 from agentik.llm.base import LiteConversation, LiteLlm, LlmDelta, ToolSpec
-from agentik.llm.boundary import ErrorTable, map_exceptions
+from agentik.llm.boundary import ErrorTable, map_exceptions, retry_within
 from agentik.llm.openai_format import (
     CHUNK,
     FORMAT,
@@ -116,7 +121,9 @@ class OpenAiLlm:
             # the SDK refuses to start without a key; local servers do not need one
             api_key=api_key or "none",
             timeout=httpx2.Timeout(timeout, connect=min(timeout, _CONNECT_TIMEOUT)),
-            max_retries=max_retries,
+            # retries are made by send_stream within AGENTIK_LLM_TIMEOUT (retry_delay); the
+            # SDK's own would each get the whole timeout again
+            max_retries=0,
         )
         #: how this backend's third-party errors become LlmErrors
         self.errors = error_table(self.endpoint)
@@ -246,18 +253,19 @@ class OpenAiConversation:
         try:
             with map_exceptions(self._llm.errors):
                 async with AsyncExitStack() as stack:
-                    # AGENTIK_LLM_TIMEOUT bounds the whole wait for the response, the SDK's
-                    # retries included (each attempt has its own read timeout, so a hung endpoint
-                    # held the turn for (max_retries + 1) x the timeout).
-                    with trio.move_on_after(self._llm.timeout) as waiting:
-                        response = await stack.enter_async_context(
-                            streaming.create(**self._request(limit))
-                        )
-                    if waiting.cancelled_caught:
-                        raise LlmTimeoutError(
-                            f"the LLM endpoint {self._llm.endpoint} did not answer within "
-                            f"{self._llm.timeout:g} s (AGENTIK_LLM_TIMEOUT, retries included)"
-                        )
+                    request = self._request(limit)
+
+                    async def attempt() -> Any:
+                        return await stack.enter_async_context(streaming.create(**request))
+
+                    # AGENTIK_LLM_TIMEOUT bounds the whole wait for the response, retries
+                    # included: they are ours (the SDK's max_retries is 0), and one is made only
+                    # when it can still finish in time (agentik.llm.boundary.retry_within).
+                    response = await retry_within(
+                        attempt, deadline=trio.current_time() + self._llm.timeout,
+                        max_retries=self._llm.max_retries, retry_delay=retry_delay,
+                        timed_out=self._timed_out, what=f"the LLM request to {self._llm.endpoint}",
+                    )
                     lines = response.iter_lines()
                     async for line in lines:
                         if not line.startswith("data:"):
@@ -295,6 +303,13 @@ class OpenAiConversation:
                 yield delta
         self.messages.append(reader.message())
 
+    def _timed_out(self, attempts: int) -> LlmError:
+        tries = "" if attempts == 1 else f" ({attempts} attempts)"
+        return LlmTimeoutError(
+            f"the LLM endpoint {self._llm.endpoint} did not answer within "
+            f"{self._llm.timeout:g} s{tries} (AGENTIK_LLM_TIMEOUT, retries included)"
+        )
+
     def _request(self, max_output_tokens: int | None) -> dict[str, Any]:
         """The keyword arguments of this round's ``chat.completions.create``."""
         kwargs: dict[str, Any] = {
@@ -312,6 +327,48 @@ class OpenAiConversation:
         if max_output_tokens is not None:
             kwargs["max_completion_tokens"] = max_output_tokens
         return kwargs
+
+
+# --- retries -------------------------------------------------------------------------------------
+
+#: the pause before the first retry, doubled for each next one up to the most (as the SDK does)
+_RETRY_DELAY = 0.5
+_MAX_RETRY_DELAY = 8.0
+#: the longest Retry-After a server may ask for and still be retried
+_MAX_RETRY_AFTER = 60.0
+
+
+def retry_delay(exc: Exception, retries: int) -> float | None:
+    """The pause before retrying a request that failed with ``exc`` after ``retries`` retries,
+    None when it is not worth retrying. What the openai SDK retries: connection errors and
+    timeouts; HTTP 408, 409, 429 and 5xx; whatever the server marks ``x-should-retry: true``
+    (never what it marks ``false``). A ``Retry-After`` / ``retry-after-ms`` of at most a minute
+    is honoured; else an exponential backoff with jitter."""
+    if isinstance(exc, openai.APIStatusError):
+        headers = exc.response.headers
+        should = headers.get("x-should-retry")
+        if should == "false":
+            return None
+        if should != "true" and exc.status_code not in (408, 409, 429) and exc.status_code < 500:
+            return None
+        asked = _retry_after(headers)
+        if asked is not None:
+            return asked
+    elif not isinstance(exc, openai.APIConnectionError):
+        return None
+    backoff = min(_RETRY_DELAY * 2**retries, _MAX_RETRY_DELAY)
+    return backoff * (1 - 0.25 * random.random())
+
+
+def _retry_after(headers: httpx2.Headers) -> float | None:
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            value = float(headers.get(name, "")) * scale
+        except ValueError:
+            continue  # absent, or an HTTP date: the backoff then
+        if 0 <= value <= _MAX_RETRY_AFTER:
+            return value
+    return None
 
 
 # --- error conversion ----------------------------------------------------------------------------
