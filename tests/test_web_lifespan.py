@@ -199,6 +199,7 @@ async def test_asyncio_worker_is_refused(tmp_path: Path) -> None:
             code = await p.exit_code()
     assert code != 0, p.output
     assert "-k trio" in p.output
+    assert "leaked semaphore" not in p.output  # the supervisor's were released before it died
 
 
 DYING_APP = '''
@@ -246,6 +247,7 @@ async def test_runtime_death_exits_the_process(tmp_path: Path) -> None:
     assert code == -signal.SIGKILL, p.output
     assert "the agentik runtime died" in p.output
     assert "simulated runtime crash" in p.output
+    assert "leaked semaphore" not in p.output
 
 
 async def _turn_then_sigterm(

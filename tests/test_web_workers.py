@@ -58,4 +58,5 @@ async def test_two_workers_end_every_process(tmp_path: Path) -> None:
                 for pid in members:
                     await wait_gone(pid)
     assert "SIGTERM: runtime closed, exiting" in p.output, p.output
+    assert "leaked semaphore" not in p.output, p.output
     lock_database(str(tmp_path / "agentik.db")).release()  # nobody holds the database
