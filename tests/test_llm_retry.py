@@ -22,7 +22,8 @@ import trio.testing
 from agentik.errors import LlmResponseError, LlmTimeoutError
 from agentik.llm.base import TextDelta
 from agentik.llm.boundary import retry_within
-from agentik.llm.openai import OpenAiLlm, retry_delay
+from agentik.llm.openai import OpenAiLlm
+from agentik.llm.openai_errors import retry_delay
 from agentik.wire import Text
 from tests.scripted_openai import Fail, Reply, open_scripted_openai
 from tests.tcp_proxy import open_tcp_proxy
