@@ -46,6 +46,7 @@ from agentik.wire import (
 
 if TYPE_CHECKING:
     from agentik.config import Config
+    from agentik.storage.actor import StorageHealth
     from agentik.storage.hub import EventHub
 
 __all__ = [
@@ -103,6 +104,11 @@ class LocalAgent:
     def hub(self) -> EventHub:
         """The event hub (durable fan-out by cursor, online fan-out)."""
         return self._deps.storage.hub
+
+    @property
+    def storage_health(self) -> StorageHealth:
+        """Whether storage accepts writes (``writable``, ``error``, ``since``): ``/readyz``."""
+        return self._deps.storage.health
 
     @property
     def task_records(self) -> TaskRecords:

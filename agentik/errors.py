@@ -35,6 +35,8 @@ in-process agent catches the same classes over HTTP::
      │     raised by: ConversationHandle.submit (send)
      ├── StorageError              503 storage     SQLite failed; a failed write was not stored
      │   │ raised by: the storage actor and its reader (agentik.storage)
+     │   ├── StorageUnavailableError 503 storage  the store refuses writes for now (disk full,
+     │   │     raised by: the storage actor          read-only, I/O error, connection lost)
      │   ├── NotOwnerError         503 not_owner   (PostgreSQL cluster) another live node owns the
      │   │     raised by: the PostgreSQL writer, pg_lease   conversation; the Agent forwards to it
      │   └── LeaseLostError        503 lease_lost  (PostgreSQL cluster) this node's fence is stale:
@@ -132,6 +134,15 @@ class OutboxGapError(AgentikError):
 
 class StorageError(AgentikError):
     """SQLite failed. For a write, nothing of that write was stored or acknowledged."""
+
+    code = "storage"
+
+
+class StorageUnavailableError(StorageError):
+    """The store refused a whole batch for a reason that can pass (disk or database full,
+    read-only, an I/O error, a lost connection): nothing of it was stored, and the same write
+    may succeed later. Turn endings are retried on it (``Storage.write_until_stored``); /readyz
+    answers 503 until a write succeeds again."""
 
     code = "storage"
 

@@ -97,6 +97,38 @@ class Health(Wire, frozen=True, kw_only=True):
     status: str
 
 
+class StorageReadiness(Wire, frozen=True, kw_only=True):
+    """Whether storage accepts writes (the writer's last commit or probe). While it does not:
+    ``error`` is the database's message, ``since`` the unix time of the first refused write."""
+
+    writable: bool
+    error: str | None = None
+    since: float | None = None
+
+
+class ToolServerProblem(Wire, frozen=True, kw_only=True):
+    """An MCP server that is not connected because it failed (``state`` failed or retrying),
+    with why (``error``)."""
+
+    name: str
+    state: str
+    error: str | None = None
+
+
+class Readiness(Wire, frozen=True, kw_only=True):
+    """``GET /readyz``. ``status``: ``ready`` (200); ``degraded`` (200: serving, but the MCP
+    servers in ``tools`` failed, so their tools are missing); ``not_ready`` (503: the runtime is
+    not running, or storage refuses writes). ``reasons``: one line per problem, in that order.
+    ``runtime``: starting | running | stopping | dead. ``storage`` is absent while the runtime
+    is not running."""
+
+    status: str
+    runtime: str
+    storage: StorageReadiness | None = None
+    tools: list[ToolServerProblem] = []
+    reasons: list[str] = []
+
+
 class ErrorDetail(Wire, frozen=True, kw_only=True, omit_defaults=True):
     """``code`` is the AgentikError code (``invalid_input``, ``not_found``, ``gap``, ...).
     ``oldest``/``current`` are set for ``gap``, ``retry_after`` for ``mailbox_full``."""

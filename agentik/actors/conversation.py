@@ -7,8 +7,10 @@ between the LLM, the tools, storage and the hub. ``interrupt`` is not queued beh
 handle cancels the running turn's scope directly, and the shielded ending stores what the user
 already saw.
 
-The ``ConversationHandle`` (``handle.py``) outlives actor incarnations: the supervisor
-(``supervisor.py``) restarts a crashed actor with the same handle.
+How a turn ends without its answer, and how its terminal record is stored (retried while the
+store refuses writes), is in ``ending.py``. The ``ConversationHandle`` (``handle.py``) outlives
+actor incarnations: the supervisor (``supervisor.py``) restarts a crashed actor with the same
+handle.
 """
 
 from __future__ import annotations
@@ -24,41 +26,27 @@ import trio
 
 from agentik import context as ctx
 from agentik import metrics
-from agentik.actors import compaction
+from agentik.actors import compaction, summary
 from agentik.actors import turn as logic
+from agentik.actors.ending import TurnEndings, turn_fields
 from agentik.actors.handle import ConversationHandle
 from agentik.actors.messages import Turn
 from agentik.errors import (
     LlmContextOverflowError,
     LlmError,
-    NotFoundError,
-    RuntimeClosedError,
-    StorageError,
     ToolError,
 )
-from agentik.llm.base import LiteConversation, TextDelta, ToolSpec
-from agentik.storage import ops
+from agentik.llm.base import LiteConversation, ToolSpec
 from agentik.storage.queries import working_memory
 from agentik.wire import (
     Content,
-    End,
     OnlineEvent,
-    SummaryItem,
-    SystemItem,
-    Text,
     ToolCallSpec,
     ToolResult,
-    UserItem,
     Working,
-    WorkingItem,
 )
 
 log = logging.getLogger(__name__)
-
-
-def turn_fields(conversation_id: str, turn_id: str | None) -> dict[str, str | None]:
-    """A turn line's context for structured logs (AGENTIK_LOG_FORMAT=json)."""
-    return {"conversation_id": conversation_id, "turn_id": turn_id}
 
 
 class _TooBig(Exception):
@@ -71,7 +59,7 @@ class _TooBig(Exception):
         self.forget_from = forget_from
 
 
-class ConversationActor:
+class ConversationActor(TurnEndings):
     """One incarnation; the supervisor makes a new one after a crash."""
 
     def __init__(self, handle: ConversationHandle) -> None:
@@ -118,7 +106,9 @@ class ConversationActor:
 
     async def run_turn(self, turn: Turn) -> None:
         """Run one turn in its own cancel scope (the handle's ``interrupt`` cancels it) and end
-        it exactly once: with its answer, or through :meth:`_end`."""
+        it exactly once: with its answer, or through :meth:`_end`. Every write of the turn is
+        retried while the store refuses writes (``write_until_stored``): a full disk pauses the
+        turn, it never loses its end."""
         h = self.h
         h.current = turn  # busy from here on (a send's on_busy sees it), even while it is stored
         await turn.stored.wait()
@@ -129,25 +119,25 @@ class ConversationActor:
         h.interrupt_requested = False
         crashed = False
         failed: logic.Failed | None = None
+        answer: logic.Answer | None = None
         started = self._awaiting_first_token = time.perf_counter()
         outcome = "crashed"
         try:
             with trio.CancelScope() as scope:
                 h.turn_scope = scope
                 try:
-                    failed = await self._turn_body(turn, state)
+                    ended = await self._turn_body(turn, state)
                 except LlmError as exc:
                     metrics.LLM_ERRORS.labels(exc.code).inc()
                     failed = logic.Failed(exc.code, str(exc))
+                else:
+                    if isinstance(ended, logic.Answer):
+                        answer = ended
+                    else:
+                        failed = ended
             h.turn_scope = None
             outcome = "completed"
-            if scope.cancelled_caught:
-                if not state.finished:
-                    outcome = "interrupted"
-                    await self._end(state, logic.Interrupted())
-            elif failed is not None:
-                outcome = "failed"
-                await self._end(state, failed)
+            outcome = await self._close(state, answer, scope.cancelled_caught, failed)
         except trio.Cancelled:
             outcome = "cancelled"
             # Not an interrupt: the runtime is shutting down or the conversation is being
@@ -172,8 +162,26 @@ class ConversationActor:
                 # After a bug `current` stays set, so the supervisor closes it with an Error.
                 h.current = None
 
-    async def _turn_body(self, turn: Turn, state: logic.TurnState) -> logic.Failed | None:
-        """The turn's rounds; None when it ended with its answer stored, else how it failed."""
+    async def _close(self, state: logic.TurnState, answer: logic.Answer | None,
+                     interrupted: bool, failed: logic.Failed | None) -> str:
+        """Store how the turn ended (its answer, or through :meth:`_end`); the outcome's label.
+        Called outside the turn's scope: an interrupt landing while the answer is committed
+        must not store a second, "interrupted" ending."""
+        if answer is not None:
+            await self._store_answer(state, answer.op)
+        elif interrupted:
+            if not state.finished:
+                await self._end(state, logic.Interrupted())
+                return "interrupted"
+        elif failed is not None:
+            await self._end(state, failed)
+            return "failed"
+        return "completed"
+
+    async def _turn_body(self, turn: Turn, state: logic.TurnState) -> logic.Answer | logic.Failed:
+        """The turn's rounds: its Answer (the caller stores it) or how it failed. A write the
+        store refuses is retried until stored; one cut by an interrupt is undone in ``state``
+        (see ``turn.calls_not_stored``), so the ending records only what was stored."""
         deps = self.deps
         self.online(Working(turn_id=turn.turn_id))
         tools = tuple(self.deps.tools.specs())
@@ -181,7 +189,7 @@ class ConversationActor:
             # MCP servers connect and change their tool lists in the background, and a session
             # is opened with a fixed tool list, so a changed list means a new session.
             await self.close_llm()
-        await deps.storage.write(logic.start(state, turn.content))
+        await deps.storage.write_until_stored(logic.start(state, turn.content))
         content: Sequence[Content] | None = turn.content
         while True:
             logic.new_round(state)
@@ -193,19 +201,22 @@ class ConversationActor:
             content = None
             match logic.after_round(state, deps.config.max_tool_rounds):
                 case logic.RunTools(op=op, calls=calls):
-                    await deps.storage.write(op)
+                    try:
+                        await deps.storage.write_until_stored(op)
+                    except trio.Cancelled:
+                        logic.calls_not_stored(state)
+                        raise
                     for call in calls:
                         result = await self._run_tool(state, call)
                         assert self.llm_conv is not None  # closed only before a round
                         self.llm_conv.add_tool_result(call.call_id, call.name, result.content)
-                        await deps.storage.write(logic.tool_done(state, result))
-                case logic.Answer(op=op):
-                    # Shielded: an interrupt landing now must not store a second,
-                    # "interrupted" ending for a turn whose answer is being committed.
-                    with trio.CancelScope(shield=True):
-                        await deps.storage.write(op)
-                        self.online(End(turn_id=turn.turn_id))
-                    return None
+                        try:
+                            await deps.storage.write_until_stored(logic.tool_done(state, result))
+                        except trio.Cancelled:
+                            logic.result_not_stored(state, call)
+                            raise
+                case logic.Answer() as answer:
+                    return answer
                 case logic.Failed() as failed:
                     return failed
 
@@ -302,47 +313,11 @@ class ConversationActor:
                       "compaction: send a shorter message", None)
 
     async def _compact(self, plan: ctx.Compact, budget: ctx.Budget) -> None:
-        """Replace the plan's old turns by a summary of at most ``plan.summary_room`` tokens, or
-        drop them without one when it cannot be made or does not fit (see compaction.py)."""
+        """Replace the plan's old turns by the model's summary, or drop them without one when it
+        cannot be made or does not fit (see compaction.py, summary.py)."""
         cid = self.h.conversation_id
-        summary: str | None = None
-        if plan.summary_room > 0:
-            try:
-                summary = await self._summarise(plan, budget)
-            except LlmError as exc:
-                log.warning("summarising %s for compaction failed (%s); dropping old turns",
-                            cid, exc)
-            if summary:
-                tokens = (await self.deps.llm.count_tokens([SummaryItem(text=summary)]))[0]
-                if not ctx.summary_fits(plan, tokens, budget):
-                    log.warning("the summary of %s (%d tokens) does not fit; dropping old turns",
-                                cid, tokens)
-                    summary = None
-        await self.deps.storage.write(compaction.compact_op(cid, plan, summary))
-
-    async def _summarise(self, plan: ctx.Compact, budget: ctx.Budget) -> str | None:
-        """The model's summary of the plan's old turns in a session of its own, within the
-        summary budget, its transcript cut to fit the window. Raises LlmError."""
-        llm = self.deps.llm
-        prompt: list[WorkingItem] = [SystemItem(text=compaction.SUMMARY_PROMPT)]
-        text = compaction.transcript(plan.dropped)
-        prompt_tokens, text_tokens = await llm.count_tokens(
-            [*prompt, UserItem(content=[Text(body=text)])])
-        room = ctx.transcript_room(budget, prompt_tokens, plan.summary_room)
-        text = ctx.cut_transcript(text, text_tokens, room)
-        if not text:
-            return None
-        conv = await llm.open(prompt, [])
-        try:
-            parts: list[str] = []
-            stream = conv.send_stream([Text(body=text)], max_output_tokens=plan.summary_room)
-            async with aclosing(stream):
-                async for delta in stream:
-                    if isinstance(delta, TextDelta):
-                        parts.append(delta.text)
-            return "".join(parts).strip() or None
-        finally:
-            await conv.close()
+        text = await summary.make_summary(self.deps.llm, cid, plan, budget)
+        await self.deps.storage.write_until_stored(compaction.compact_op(cid, plan, text))
 
     async def _run_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
         """Run one tool call; every failure becomes an error result (ToolFailed), never an
@@ -361,34 +336,5 @@ class ConversationActor:
             return logic.tool_failure(state, call, str(exc))
         return logic.tool_result(state, call, outcome, self.deps.config.tool_result_cap)
 
-    async def _end(self, state: logic.TurnState, ending: logic.Ending) -> None:
-        """The one way a turn ends without its answer (failed, interrupted, cancelled, crashed):
-        store the ops ``turn.end`` gives, then End. Shielded, and the model session is never
-        reused (a failed or cancelled session may be mid-answer): the next turn opens a new one
-        from working memory."""
-        closing = logic.end(state, ending)
-        with trio.CancelScope(shield=True):
-            await self.close_llm()
-            for op in closing:
-                await self._store_ending(op)
-            self.online(End(turn_id=state.turn_id))
 
-    async def _store_ending(self, op: ops.AppendToolResult | ops.FinishTurn) -> None:
-        try:
-            await self.deps.storage.write(op)
-        except NotFoundError:
-            pass  # deleted meanwhile: nothing left to close
-        except (StorageError, RuntimeClosedError) as exc:
-            # The turn row stays open; the next start-up closes it with an Error record.
-            log.error("could not store the end of turn %s (%s): %s",
-                      self.h.conversation_id, type(op).__name__, exc,
-                      extra=turn_fields(self.h.conversation_id, getattr(op, "turn_id", None)))
-
-    async def end_crashed(self, turn: Turn, exc: BaseException) -> None:
-        """Close ``turn`` with a crash Error (the supervisor calls this after a bug, or for the
-        queued turns of a conversation that failed)."""
-        state = logic.TurnState(conversation_id=self.h.conversation_id, turn_id=turn.turn_id)
-        await self._end(state, logic.Failed("crash", f"internal error: {type(exc).__name__}: {exc}"))
-
-
-__all__ = ["ConversationActor"]
+__all__ = ["ConversationActor", "turn_fields"]

@@ -218,6 +218,21 @@ def after_round(state: TurnState, max_tool_rounds: int) -> RunTools | Answer | F
     return RunTools(op, calls)
 
 
+def calls_not_stored(state: TurnState) -> None:
+    """The round's ``RunTools`` op was not stored (the turn was cut while the store refused
+    it): its calls are neither recorded nor pending, so the turn's ending keeps the round's
+    text and stores no result for a call the journal does not have."""
+    state.round_recorded = False
+    state.pending_calls = []
+
+
+def result_not_stored(state: TurnState, call: ToolCallSpec) -> None:
+    """The ``tool_done`` op of ``call`` was not stored: the call is pending again (the ending
+    gives it a ToolFailed), first, as the calls run in order."""
+    if all(c.call_id != call.call_id for c in state.pending_calls):
+        state.pending_calls.insert(0, call)
+
+
 def tool_result(state: TurnState, call: ToolCallSpec, outcome: ToolOutcome, cap: int) -> ToolResult:
     """A tool's outcome as the journal's ToolResult. Untrusted and possibly huge: the text (which
     the model sees) is cut to ``cap`` characters; structured content is kept only when it fits."""

@@ -9,22 +9,36 @@ offset order) and then answer each caller, so:
 - nothing is acknowledged that is not committed (a failed commit answers every caller of the batch
   with StorageError);
 - a reader that takes ``hub.current_cursor()`` and then reads state sees every row <= that cursor.
+
+When the store refuses writes (disk or database full, read-only, I/O error, lost connection: a
+*transient* failure, ``engine.is_transient``), the callers get StorageUnavailableError and
+``Storage.health`` says so until a commit succeeds again; while nothing else is written, the
+actor probes the engine (``engine.probe_write``) with bounded backoff, so readiness (``/readyz``)
+comes back without traffic. A turn's writes go through ``write_until_stored``, which retries them
+until they are stored: no accepted turn is left without its terminal record.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
 
 from agentik import metrics
-from agentik.errors import AgentikError, LeaseLostError, RuntimeClosedError, StorageError
+from agentik.errors import (
+    AgentikError,
+    LeaseLostError,
+    RuntimeClosedError,
+    StorageError,
+    StorageUnavailableError,
+)
 from agentik.storage import ops
-from agentik.storage.engine import ReaderEngine, WriterEngine
+from agentik.storage.engine import ReaderEngine, WriterEngine, is_transient, probe_write
 from agentik.storage.hub import EventHub
 from agentik.storage.queries import Reader
 from agentik.storage.writer import Writer
@@ -47,6 +61,100 @@ class StorageStats:
     largest_batch: int = 0
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """Waits that double from ``initial`` up to ``maximum`` seconds: between the writer's probes
+    of a store that refuses writes, and between the attempts of ``write_until_stored``. The cap
+    bounds how long after space returns a retried write is stored (a probe that succeeds wakes
+    every waiting writer at once)."""
+
+    initial: float = 0.05
+    maximum: float = 1.0
+
+    def delays(self) -> Iterator[float]:
+        delay = self.initial
+        while True:
+            yield delay
+            delay = min(delay * 2, self.maximum)
+
+
+#: the backoff of the StorageActor's probes and of ``write_until_stored``
+RETRY = Backoff()
+
+
+class StorageHealth:
+    """Whether the store accepts writes, as the writer last found it: every commit and every
+    probe reports here (in the actor, before callers are answered). ``/readyz`` reads it through
+    the Agent; ``wait_writable`` wakes writers retrying a refused write once one succeeds."""
+
+    def __init__(self) -> None:
+        self.writable = True
+        #: why writes are refused (the database's message); None while writable
+        self.error: str | None = None
+        #: wall-clock time of the first refused write of this outage; None while writable
+        self.since: float | None = None
+        #: refused commits and probes in this outage
+        self.refusals = 0
+        self._changed = trio.Event()
+
+    def refused(self, error: str) -> None:
+        if self.writable:
+            self.writable = False
+            self.since = time.time()
+            log.error("storage refuses writes: %s", error)
+        self.error = error
+        self.refusals += 1
+        self._change()
+
+    def accepted(self) -> None:
+        if self.writable:
+            return
+        log.warning("storage accepts writes again (refused for %.1f s, %d attempts)",
+                    time.time() - (self.since or time.time()), self.refusals)
+        self.writable, self.error, self.since, self.refusals = True, None, None, 0
+        self._change()
+
+    def _change(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def changed(self) -> None:
+        """Return at the next refused write or probe, or when writes are accepted again."""
+        await self._changed.wait()
+
+    async def wait_writable(self, writable: bool = True) -> None:
+        """Return once the store accepts writes (``writable`` False: once it refuses them); at
+        once when it does now."""
+        while self.writable != writable:
+            await self._changed.wait()
+
+
+async def retry_until_stored(
+    write: Callable[[ops.AnyOp], Awaitable[Any]],
+    health: StorageHealth,
+    op: ops.AnyOp,
+    backoff: Backoff = RETRY,
+) -> Any:
+    """``await write(op)``, again after each StorageUnavailableError once ``health`` says writes
+    are accepted again or the next backoff delay has passed. Each attempt is shielded (its
+    answer is always known); the waits between attempts are not, so a cancel ends the retries
+    with Cancelled, and then ``op`` was not stored. Other errors propagate at once."""
+    delays = backoff.delays()
+    attempts = 0
+    while True:
+        attempts += 1
+        with trio.CancelScope(shield=True):
+            try:
+                return await write(op)
+            except StorageUnavailableError as exc:
+                error = exc
+        if attempts == 1:
+            log.warning("%s not stored (%s): retrying until the store accepts writes",
+                        type(op).__name__, error)
+        with trio.move_on_after(next(delays)):
+            await health.wait_writable()
+
+
 class Storage:
     """Handle to the running StorageActor: ``write`` for the writer, ``reader`` and ``hub`` for
     reads. Made by :func:`run_storage`: ``storage = await nursery.start(run_storage, path)``."""
@@ -58,6 +166,7 @@ class Storage:
         self.reader = reader
         self.hub = hub
         self.stats = StorageStats()
+        self.health = StorageHealth()
         #: PostgreSQL: the node's feed (``pg_feed.Feed``) and leases (``pg_lease.Leases``); None
         #: on SQLite
         self.feed: Any = None
@@ -85,6 +194,14 @@ class Storage:
         if req.error is not None:
             raise req.error
         return req.result
+
+    async def write_until_stored(self, op: ops.AnyOp, *, backoff: Backoff = RETRY) -> Any:
+        """:meth:`write`, retried while the store refuses writes (StorageUnavailableError: disk
+        full, read-only, ...) until ``op`` is stored: for the writes of a turn, above all its
+        ending, which must not be lost to a full disk. Raises what :meth:`write` raises but
+        StorageUnavailableError; Cancelled when cancelled between attempts (``op`` then not
+        stored; see :func:`retry_until_stored`)."""
+        return await retry_until_stored(self.write, self.health, op, backoff)
 
 
 async def run_storage(
@@ -160,15 +277,10 @@ async def run_storage(
                 hub.online_tap = relay.tap
                 await nursery.start(relay.run)
             task_status.started(storage)
+            probe = partial(_probe, writer, storage.health)
             async with recv:
                 while True:
-                    first = await recv.receive()
-                    batch = [first]
-                    while len(batch) < max_batch:
-                        try:
-                            batch.append(recv.receive_nowait())
-                        except trio.WouldBlock:
-                            break
+                    batch = await _next_batch(recv, max_batch, storage.health, probe)
                     await _commit(writer, hub, storage, batch, feed)
     finally:
         send.close()
@@ -189,6 +301,50 @@ async def run_storage(
             await trio.to_thread.run_sync(writer.close)
 
 
+async def _next_batch(
+    recv: trio.MemoryReceiveChannel[_Request],
+    max_batch: int,
+    health: StorageHealth,
+    probe: Callable[[], Awaitable[None]],
+    backoff: Backoff = RETRY,
+) -> list[_Request]:
+    """One request, then every request already queued (up to ``max_batch``). While the store
+    refuses writes and no request comes, ``probe`` it after each backoff delay."""
+    delays: Iterator[float] | None = None
+    while True:
+        if health.writable:
+            delays = None
+            first = await recv.receive()
+            break
+        if delays is None:
+            delays = backoff.delays()
+        with trio.move_on_after(next(delays)):
+            first = await recv.receive()
+            break
+        await probe()
+    batch = [first]
+    while len(batch) < max_batch:
+        try:
+            batch.append(recv.receive_nowait())
+        except trio.WouldBlock:
+            break
+    return batch
+
+
+async def _probe(writer: WriterEngine, health: StorageHealth) -> None:
+    """One probe write (in the writer's thread slot: the actor runs nothing else meanwhile)."""
+    try:
+        await trio.to_thread.run_sync(probe_write, writer)
+    except StorageError as exc:
+        health.refused(str(exc))
+        return
+    except Exception as exc:  # a probe must never take storage down
+        log.exception("the storage probe failed")
+        health.refused(f"probe failed: {type(exc).__name__}: {exc}")
+        return
+    health.accepted()
+
+
 async def _commit(
     writer: WriterEngine, hub: EventHub, storage: Storage, batch: list[_Request], feed: Any
 ) -> None:
@@ -199,10 +355,15 @@ async def _commit(
         result = await trio.to_thread.run_sync(writer.commit_batch, [r.op for r in batch])
     except StorageError as exc:
         log.error("storage batch of %d failed: %s", len(batch), exc)
+        error: type[StorageError] = StorageError
+        if is_transient(exc):
+            error = StorageUnavailableError
+            storage.health.refused(str(exc))
         for req in batch:
-            req.error = StorageError(str(exc))
+            req.error = error(str(exc))
             req.done.set()
         return
+    storage.health.accepted()
     storage.stats.batches += 1
     storage.stats.ops += len(batch)
     storage.stats.largest_batch = max(storage.stats.largest_batch, len(batch))

@@ -13,6 +13,10 @@ nodes on one database). The contract both keep (SPEC §4, §12):
 - events reach the hub only after their commit, in offset order. SQLite: the writer's own batch
   result is published (it is the only writer). PostgreSQL: a feed task reads the outbox after its
   cursor and publishes every node's events, its own included (``publishes_commits`` False);
+- a failed batch is *transient* (the store refuses writes for now: disk or database full,
+  read-only, I/O error, lost connection) unless the database said the batch itself is wrong
+  (:func:`is_transient`); while writes are refused, the StorageActor probes the engine with
+  :func:`probe_write` so readiness (``/readyz``) returns without traffic;
 - readers: ``run(fn, *args)`` runs a query function of ``agentik.storage.queries`` with a pooled
   connection in a worker thread (the functions are written once, in SQL both engines accept);
   ``outbox_page`` is the one read whose SQL differs.
@@ -32,6 +36,36 @@ R = TypeVar("R")
 
 def is_postgres_url(target: str) -> bool:
     return target.startswith(("postgresql://", "postgres://"))
+
+
+#: DB-API (PEP 249) error classes that say the batch itself is wrong (a constraint, bad SQL or
+#: data): retrying the same write cannot help, and the store still accepts other writes. Both
+#: sqlite3 and psycopg name their classes so.
+_PERMANENT = frozenset({"IntegrityError", "ProgrammingError", "DataError", "NotSupportedError",
+                        "InterfaceError"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed commit (a StorageError raised from the engine's error) may succeed
+    later: True for the store refusing writes (SQLite "database or disk is full", "attempt to
+    write a readonly database", "disk I/O error", "database is locked"; PostgreSQL disk full,
+    a read-only transaction, a lost connection), False when the database blamed the batch."""
+    cause = exc.__cause__
+    if cause is None:
+        return True
+    return not any(cls.__name__ in _PERMANENT for cls in type(cause).__mro__)
+
+
+def probe_write(writer: WriterEngine) -> None:
+    """A cheap write that must reach the store, for a writer whose last commit failed: the
+    engine's own ``probe()`` when it has one (SQLite: a row of a few pages committed and
+    removed), else an empty batch (PostgreSQL: its one statement still updates the counter row,
+    a real write, and reconnects a broken connection). Blocking; raises StorageError."""
+    probe: Callable[[], None] | None = getattr(writer, "probe", None)
+    if probe is not None:
+        probe()
+    else:
+        writer.commit_batch([])
 
 
 class WriterEngine(Protocol):

@@ -185,6 +185,26 @@ class Writer:
         self.oldest = self._oldest(self.next_seq)
         return BatchResult(results, tx.events, self.oldest, self.next_seq - 1)
 
+    def probe(self) -> None:
+        """A small write that must reach the disk (see ``engine.probe_write``): a row of a few
+        pages put in ``meta`` and committed (new pages, new WAL frames: what a full disk or
+        database refuses), then removed. Raises StorageError; nothing else is touched."""
+        conn = self.conn
+        size = 4 * int(conn.execute("PRAGMA page_size").fetchone()[0])
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('probe', ?)",
+                         ("0" * size,))
+            conn.execute("COMMIT")
+            conn.execute("DELETE FROM meta WHERE key = 'probe'")
+        except sqlite3.Error as exc:
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                log.exception("rollback after a failed probe failed")
+            raise StorageError(f"probe write failed: {exc}") from exc
+
     def _trim(self, tx: _Tx) -> None:
         # Trimming only ever removes a prefix of offsets, so what is retained stays contiguous:
         # that is what lets a replaying reader detect eviction as a jump.

@@ -63,9 +63,11 @@ QUERY_TOKEN_ENDPOINTS = frozenset({
     "agentik_ws.ws",
 })
 
-#: endpoints open to everyone even with auth on: the A2A agent card (SPEC §11) and the web chat's
-#: files (they hold no secrets; the page asks for a token when the API answers 401)
+#: endpoints open to everyone even with auth on (besides /healthz): /readyz, the A2A agent card
+#: (SPEC §11) and the web chat's files (they hold no secrets; the page asks for a token when the
+#: API answers 401)
 PUBLIC_ENDPOINTS = frozenset({
+    "agentik_http.readyz",  # readiness, like /healthz: for load balancers and orchestrators
     "agentik_a2a.agent_card",
     "agentik_ui.index",
     "agentik_ui.ui",

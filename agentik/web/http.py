@@ -9,6 +9,7 @@ JSON, a body or query parameter that fails validation), NotFoundError (404), Pay
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from quart import Blueprint, Response, g, request
@@ -17,7 +18,13 @@ from werkzeug.exceptions import RequestEntityTooLarge
 import agentik
 from agentik import metrics
 from agentik.api import decode_input
-from agentik.errors import InvalidInputError, NotFoundError, PayloadTooLargeError
+from agentik.errors import (
+    InvalidInputError,
+    NotFoundError,
+    PayloadTooLargeError,
+    UnauthorizedError,
+)
+from agentik.web import auth
 from agentik.web._state import json_response, state
 from agentik.web.openapi import openapi_document
 from agentik.web.types import (
@@ -29,8 +36,11 @@ from agentik.web.types import (
     Health,
     InterruptResult,
     MessageAccepted,
+    Readiness,
     RenameConversationBody,
     SendMessageBody,
+    StorageReadiness,
+    ToolServerProblem,
     ToolsStatus,
 )
 from agentik.wire import parse_offset
@@ -141,20 +151,75 @@ async def cursor() -> Response:
     )
 
 
-@bp.get("/agentik/tools")
-async def tools() -> Response:
-    """``{"servers": [...]}``: the registry's ``status()`` (a list of JSON-ready server states;
-    sync or async), or no servers for a registry without one."""
-    registry: Any = state().require_agent().tools
+@bp.get("/readyz")
+async def readyz() -> Response:
+    """Readiness: 503 ``not_ready`` while the runtime is not running or storage refuses writes
+    (the writer's last commit or probe failed); else 200, ``degraded`` when MCP servers failed.
+    A failed MCP server does not make the node unready on purpose: every node has the same
+    servers, conversations still run (without those tools), and taking nodes out of a load
+    balancer would not bring the server back; ``tools`` and ``reasons`` say which and why.
+    Public like /healthz; with auth on, the error texts (paths, hosts, a server's stderr) are
+    given only to a request with a valid token."""
+    st = state()
+    agent = st.agent
+    if agent is None or st.stopping:
+        if st.died is not None:
+            runtime, why = "dead", f"the runtime died: {type(st.died).__name__}: {st.died}"
+        elif st.stopping:
+            runtime, why = "stopping", "the runtime is shutting down"
+        else:
+            runtime, why = "starting", "the runtime is starting"
+        return json_response(Readiness(status="not_ready", runtime=runtime, reasons=[why]), 503)
+    detail = _may_see_details(agent.config.tokens)
+    health = agent.storage_health
+    error = health.error if detail else None
+    reasons: list[str] = []
+    if not health.writable:
+        reasons.append("storage refuses writes" + (f": {error}" if error else ""))
+    problems = [
+        ToolServerProblem(name=str(s.get("name")), state=str(s.get("state")),
+                          error=s.get("error") if detail else None)
+        for s in await _tool_servers(agent.tools)
+        if isinstance(s, dict) and s.get("state") in ("failed", "retrying") and s.get("error")
+    ]
+    reasons += [f"MCP server {p.name!r} failed" + (f": {p.error}" if p.error else "")
+                for p in problems]
+    status = "not_ready" if not health.writable else "degraded" if problems else "ready"
+    body = Readiness(
+        status=status, runtime="running", reasons=reasons, tools=problems,
+        storage=StorageReadiness(writable=health.writable, error=error, since=health.since),
+    )
+    return json_response(body, 200 if health.writable else 503)
+
+
+def _may_see_details(tokens: Sequence[str]) -> bool:
+    """Auth off, or the request carries a valid bearer token."""
+    try:
+        auth.check(tokens, request.headers.get("Authorization"), None, allow_query=False)
+    except UnauthorizedError:
+        return False
+    return True
+
+
+async def _tool_servers(registry: Any) -> list[Any]:
+    """The registry's ``status()`` (JSON-ready server states; sync or async; a list or
+    ``{"servers": [...]}``), or no servers for a registry without one."""
     status_fn = getattr(registry, "status", None)
     if status_fn is None:
-        return json_response(ToolsStatus())
+        return []
     result: Any = status_fn()
     if inspect.isawaitable(result):
         result = await result
     if isinstance(result, dict):
-        return json_response(result)
-    return json_response(ToolsStatus(servers=list(result)))
+        return list(result.get("servers") or [])
+    return list(result)
+
+
+@bp.get("/agentik/tools")
+async def tools() -> Response:
+    """``{"servers": [...]}``: the registry's server states (see ``_tool_servers``)."""
+    servers = await _tool_servers(state().require_agent().tools)
+    return json_response(ToolsStatus(servers=servers))
 
 
 @bp.get("/metrics")

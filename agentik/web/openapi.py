@@ -25,6 +25,7 @@ from agentik.web.types import (
     Health,
     InterruptResult,
     MessageAccepted,
+    Readiness,
     RenameConversationBody,
     SendMessageBody,
     ServerFrame,
@@ -66,6 +67,9 @@ class Route:
     errors: tuple[int, ...] = ()
     query_token: bool = False
     open: bool = False  # no auth
+    #: the body of the error answers when it is not ErrorBody (/healthz, /readyz answer 503
+    #: with their own report)
+    error_type: Any = None
 
 
 def _int(name: str, description: str, minimum: int = 0) -> Param:
@@ -98,7 +102,12 @@ PROMETHEUS = "text/plain; version=0.0.4"
 
 ROUTES: tuple[Route, ...] = (
     Route("get", "/healthz", "health", "Liveness; 503 while starting or after the runtime died",
-          200, Health, errors=(503,), open=True),
+          200, Health, errors=(503,), open=True, error_type=Health),
+    Route("get", "/readyz", "ready",
+          "Readiness: 503 `not_ready` while the runtime is not running or storage refuses "
+          "writes, with the reasons; 200 `ready`, or `degraded` when MCP servers failed (named, "
+          "with why; error texts need a token when auth is on)",
+          200, Readiness, errors=(503,), open=True, error_type=Readiness),
     Route("get", "/agentik", "info", "Agent info: id, version, capabilities, cursors",
           200, AgentInfo),
     Route("get", "/agentik/cursor", "cursor", "The current and the oldest resumable cursor",
@@ -200,7 +209,7 @@ def openapi_dict() -> dict[str, Any]:
     route table in, OpenAPI out, and reads best whole.)"""
     body_types: list[Any] = [ErrorBody, ClientFrame, ServerFrame]
     for route in ROUTES:
-        for t in (route.ok_type, route.body):
+        for t in (route.ok_type, route.body, route.error_type):
             if t is not None and t not in body_types:
                 body_types.append(t)
     schemas, components = msgspec.json.schema_components(body_types, ref_template=REF)
@@ -235,8 +244,10 @@ def openapi_dict() -> dict[str, Any]:
             statuses |= {401, 503}
         for status in sorted(statuses):
             responses[str(status)] = {
-                "description": _ERROR_TEXT[status],
-                "content": {"application/json": {"schema": error_ref}},
+                "description": _ERROR_TEXT[status] if route.error_type is None
+                else "not ready / not alive: the body says why",
+                "content": {"application/json": {
+                    "schema": error_ref if route.error_type is None else names[route.error_type]}},
             }
         op["responses"] = responses
         if route.open:

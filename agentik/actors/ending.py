@@ -1,0 +1,103 @@
+"""How a turn ends: the ConversationActor's endings, a mixin of ``ConversationActor``.
+
+A turn ends once, with its answer or through ``_end`` (failed, interrupted, cancelled, crashed:
+the ops ``turn.end`` gives keep what the user saw). Every op of an ending is stored with
+``Storage.write_until_stored``: while the store refuses writes (a full disk, a read-only
+database) it is retried with bounded backoff, so the turn gets its terminal record as soon as
+the store accepts writes again, without a restart. Only a cancel between attempts (shutdown,
+the conversation stopped) ends the retries; start-up recovery then closes the turn.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from agentik.actors import turn as logic
+from agentik.actors.deps import Deps
+from agentik.actors.handle import ConversationHandle
+from agentik.actors.messages import Turn
+from agentik.errors import NotFoundError, RuntimeClosedError, StorageError
+from agentik.storage import ops
+from agentik.wire import End, OnlineEvent
+
+log = logging.getLogger("agentik.actors.conversation")
+
+
+def turn_fields(conversation_id: str, turn_id: str | None) -> dict[str, str | None]:
+    """A turn line's context for structured logs (AGENTIK_LOG_FORMAT=json)."""
+    return {"conversation_id": conversation_id, "turn_id": turn_id}
+
+
+class TurnEndings:
+    """The endings of ``ConversationActor`` (which provides these attributes and methods)."""
+
+    h: ConversationHandle
+    deps: Deps
+
+    async def close_llm(self) -> None:
+        raise NotImplementedError
+
+    def online(self, event: OnlineEvent) -> None:
+        raise NotImplementedError
+
+    async def _end(self, state: logic.TurnState, ending: logic.Ending) -> None:
+        """The one way a turn ends without its answer (failed, interrupted, cancelled, crashed):
+        store the ops ``turn.end`` gives, then End. The model session is never reused (a failed
+        or cancelled session may be mid-answer): the next turn opens a new one from working
+        memory."""
+        closing = logic.end(state, ending)
+        with trio.CancelScope(shield=True):
+            await self.close_llm()
+        try:
+            for op in closing:
+                await self._store_ending(op)
+        finally:
+            self.online(End(turn_id=state.turn_id))
+
+    async def _store_answer(self, state: logic.TurnState, op: ops.FinishTurn) -> None:
+        """Store the answer (retried while the store refuses writes), then End. If the database
+        refuses the answer itself (not the store being full), the turn ends with that error."""
+        try:
+            await self.deps.storage.write_until_stored(op)
+        except StorageError as exc:
+            log.error("the answer of turn %s could not be stored: %s", state.turn_id, exc,
+                      extra=turn_fields(self.h.conversation_id, state.turn_id))
+            await self._end(state, logic.Failed("storage", f"the answer could not be stored: {exc}"))
+            return
+        except NotFoundError:
+            pass  # deleted meanwhile
+        except RuntimeClosedError as exc:  # storage stopped: the next start-up closes the turn
+            log.error("the answer of turn %s could not be stored: %s", state.turn_id, exc,
+                      extra=turn_fields(self.h.conversation_id, state.turn_id))
+        except BaseException:
+            self.online(End(turn_id=state.turn_id))
+            raise
+        self.online(End(turn_id=state.turn_id))
+
+    async def _store_ending(self, op: ops.AppendToolResult | ops.FinishTurn) -> None:
+        """Store one op of a turn's ending, retried while the store refuses writes: the turn
+        gets its terminal record as soon as the store accepts writes again. Only a cancel
+        (shutdown, the conversation stopped) ends the retries; start-up recovery then closes
+        the turn ("interrupted by restart")."""
+        fields = turn_fields(self.h.conversation_id, getattr(op, "turn_id", None))
+        try:
+            await self.deps.storage.write_until_stored(op)
+        except NotFoundError:
+            pass  # deleted meanwhile: nothing left to close
+        except (StorageError, RuntimeClosedError) as exc:
+            # The turn row stays open; the next start-up closes it with an Error record.
+            log.error("could not store the end of turn %s (%s): %s",
+                      self.h.conversation_id, type(op).__name__, exc, extra=fields)
+        except trio.Cancelled:
+            log.warning("the end of a turn of %s (%s) was not stored before the conversation "
+                        "stopped: the next start-up closes it", self.h.conversation_id,
+                        type(op).__name__, extra=fields)
+            raise
+
+    async def end_crashed(self, turn: Turn, exc: BaseException) -> None:
+        """Close ``turn`` with a crash Error (the supervisor calls this after a bug, or for the
+        queued turns of a conversation that failed)."""
+        state = logic.TurnState(conversation_id=self.h.conversation_id, turn_id=turn.turn_id)
+        await self._end(state, logic.Failed("crash", f"internal error: {type(exc).__name__}: {exc}"))

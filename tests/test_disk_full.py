@@ -1,0 +1,446 @@
+"""Issue 11 #5: a store that refuses writes (a full disk or database, a read-only store) never
+leaves an accepted turn without its terminal record, and ``/readyz`` says why while it lasts.
+
+The scenario runs on a real server (hypercorn on 127.0.0.1, real database files) three ways: a
+real full disk (a 4 MiB tmpfs filled by a file; needs root, else skipped), a full SQLite
+database (``PRAGMA max_page_count`` on the writer's connection), and PostgreSQL refusing writes
+(``default_transaction_read_only`` on the writer's connection). The backoff of the retries and
+of the probe is checked alone under trio's MockClock.
+"""
+
+# ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sqlite3
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import trio
+import trio.testing
+
+from agentik.errors import NotFoundError, StorageError, StorageUnavailableError
+from agentik.storage import ops
+from agentik.storage.actor import (
+    Backoff,
+    StorageHealth,
+    _next_batch,
+    _Request,
+    retry_until_stored,
+)
+from tests.scripted_openai import Reply, ScriptedOpenAI
+from tests.webutil import (  # noqa: F401 - fixtures are used by name
+    Server,
+    allow_error_logs,
+    make_config,
+    no_error_logs,
+    open_sse,
+    openai,
+    serve_app,
+)
+
+OP = ops.RecoverTurns(conversation_id="c")
+TERMINAL = ("assistant_message", "error")
+
+
+@pytest.fixture
+def clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+# --- the backoff alone (MockClock) ------------------------------------------------------------------
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    delays = Backoff(initial=0.05, maximum=1.0).delays()
+    assert [next(delays) for _ in range(8)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
+
+
+async def test_retry_backs_off_and_wakes_when_writes_are_accepted(
+    clock: trio.testing.MockClock, allow_error_logs: None
+) -> None:
+    """Attempts follow the backoff while refused; the store accepting writes again (here at
+    t=10, between two attempts) wakes the retry at once, not at its next delay."""
+    health = StorageHealth()
+    attempts: list[float] = []
+    broken = True
+
+    async def write(op: ops.AnyOp) -> str:
+        attempts.append(trio.current_time())
+        if broken:
+            health.refused("database or disk is full")
+            raise StorageUnavailableError("database or disk is full")
+        return "stored"
+
+    async def space_returns() -> None:
+        nonlocal broken
+        await trio.sleep(10.0)
+        broken = False
+        health.accepted()
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(space_returns)
+        assert await retry_until_stored(write, health, OP) == "stored"
+    times = [round(t - start, 6) for t in attempts]
+    assert times[:6] == [0.0, 0.05, 0.15, 0.35, 0.75, 1.55]  # 0.05 doubling ...
+    assert times[6] == 2.55 and times[-2] == 9.55  # ... capped at 1 s ...
+    assert times[-1] == 10.0  # ... and woken by the recovery itself
+
+
+async def test_retry_ends_on_cancel_and_on_errors_that_retrying_cannot_fix(
+    clock: trio.testing.MockClock, allow_error_logs: None
+) -> None:
+    health = StorageHealth()
+    calls: list[float] = []
+
+    async def refused(op: ops.AnyOp) -> None:
+        calls.append(trio.current_time())
+        health.refused("read-only")
+        raise StorageUnavailableError("read-only")
+
+    with trio.move_on_after(0.3) as scope:
+        await retry_until_stored(refused, health, OP)
+    assert scope.cancelled_caught and len(calls) == 3  # t=0, 0.05, 0.15; cancelled in a wait
+
+    for error in (NotFoundError("gone"), StorageError("UNIQUE constraint failed")):
+        calls.clear()
+
+        async def fails(op: ops.AnyOp, error: Exception = error) -> None:
+            calls.append(trio.current_time())
+            raise error
+
+        with pytest.raises(type(error)):
+            await retry_until_stored(fails, health, OP)
+        assert len(calls) == 1
+
+
+async def test_the_idle_writer_probes_with_backoff_until_writes_are_accepted(
+    clock: trio.testing.MockClock, allow_error_logs: None
+) -> None:
+    """With no request queued, a writer whose store refuses writes probes it at the backoff's
+    delays, stops probing once a probe succeeds, and serves a request at once meanwhile."""
+    health = StorageHealth()
+    health.refused("database or disk is full")
+    send, recv = trio.open_memory_channel[_Request](10)
+    probes: list[float] = []
+    start = trio.current_time()
+
+    async def probe() -> None:
+        probes.append(round(trio.current_time() - start, 6))
+        if trio.current_time() - start >= 3.0:
+            health.accepted()
+        else:
+            health.refused("database or disk is full")
+
+    async def request_at(t: float) -> None:
+        await trio.sleep(t)
+        await send.send(_Request(OP))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(request_at, 0.5)
+        batch = await _next_batch(recv, 8, health, probe)
+        assert len(batch) == 1 and trio.current_time() - start == 0.5  # not held for a probe
+        assert probes == [0.05, 0.15, 0.35]
+        nursery.start_soon(request_at, 20.0)
+        batch = await _next_batch(recv, 8, health, probe)
+    # 0.5 + 0.05, 0.1, 0.2, 0.4, 0.8, 1.0: the probe at 3.05 succeeds; none after it
+    assert probes[3:] == [0.55, 0.65, 0.85, 1.25, 2.05, 3.05]
+    assert health.writable and trio.current_time() - start == 20.5
+
+
+# --- ways for a store to refuse writes --------------------------------------------------------------
+
+
+def _sqlite_writer(db_dir: Path) -> Any:
+    """The running server's SQLite Writer (the test reaches it through ``gc``, as agentik has
+    no hook for this): the one whose open connection is on a file in ``db_dir``."""
+    from agentik.storage.writer import Writer
+
+    found = []
+    for o in gc.get_objects():
+        if isinstance(o, Writer):
+            try:
+                path = o.conn.execute("PRAGMA database_list").fetchone()[2]
+            except sqlite3.ProgrammingError:
+                continue  # closed
+            if Path(path).parent == db_dir:
+                found.append(o)
+    (writer,) = found
+    return writer
+
+
+def _pg_writer() -> Any:
+    from agentik.storage.pg_writer import PgWriter
+
+    (writer,) = [o for o in gc.get_objects() if isinstance(o, PgWriter) and not o.conn.closed]
+    return writer
+
+
+@dataclass
+class Refusal:
+    """``refuse()`` makes the store refuse writes, ``allow()`` lets it accept them again."""
+
+    name: str
+    db_dir: Path
+    database_url: str | None = None
+    mount: Path | None = None
+
+    def refuse(self) -> None:
+        if self.name == "tmpfs":
+            assert self.mount is not None
+            fill_disk(self.mount / "filler")
+        elif self.name == "max_page_count":
+            conn = _sqlite_writer(self.db_dir).conn
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            assert free < 8, free  # the turn's answer below needs more new pages than that
+            conn.execute(f"PRAGMA max_page_count = {pages}")
+        else:
+            _pg_writer().conn.execute("SET default_transaction_read_only = on")
+
+    def allow(self) -> None:
+        if self.name == "tmpfs":
+            assert self.mount is not None
+            (self.mount / "filler").unlink()
+        elif self.name == "max_page_count":
+            _sqlite_writer(self.db_dir).conn.execute("PRAGMA max_page_count = 1073741823")
+        else:
+            _pg_writer().conn.execute("SET default_transaction_read_only = off")
+
+    @property
+    def says(self) -> str:
+        return "read-only" if self.name == "postgres" else "full"
+
+
+def fill_disk(path: Path) -> None:
+    """Write ``path`` until its filesystem is full (big blocks, then smaller ones)."""
+    with open(path, "wb", buffering=0) as f:
+        for size in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
+
+
+@contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (the max_page_count case runs anyway)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.fixture(params=["tmpfs", "max_page_count", "postgres"])
+def refusal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Refusal]:
+    if request.param == "tmpfs":
+        with small_tmpfs(tmp_path / "mnt", "4m") as mnt:
+            yield Refusal("tmpfs", mnt, mount=mnt)
+    elif request.param == "max_page_count":
+        yield Refusal("max_page_count", tmp_path)
+    else:
+        yield Refusal("postgres", tmp_path, database_url=request.getfixturevalue("pg_url"))
+
+
+# --- the scenario on a real server ------------------------------------------------------------------
+
+
+def text(body: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "body": body}]}
+
+
+async def send(client: httpx2.AsyncClient, cid: str, body: str) -> str | None:
+    """The message id of an accepted (202) send; None for a 503 ``storage`` (not accepted)."""
+    response = await client.post(f"/agentik/conversations/{cid}/messages", json=text(body))
+    assert response.status_code in (202, 503), (response.status_code, response.text)
+    if response.status_code == 503:
+        assert response.json()["error"]["code"] == "storage", response.text
+        return None
+    return str(response.json()["message_id"])
+
+
+@asynccontextmanager
+async def live(client: httpx2.AsyncClient, cid: str) -> AsyncIterator[Any]:
+    async with open_sse(client, f"/agentik/conversations/{cid}/live") as stream:
+        yield stream
+
+
+async def journal(client: httpx2.AsyncClient, cid: str) -> list[dict[str, Any]]:
+    response = await client.get(f"/agentik/conversations/{cid}/messages", params={"limit": 1000})
+    assert response.status_code == 200, response.text
+    return list(response.json())
+
+
+async def test_store_refusing_writes_mid_turn_then_accepting_again(
+    refusal: Refusal, openai: ScriptedOpenAI, allow_error_logs: None
+) -> None:
+    """Messages are accepted, a turn is mid-answer, the store starts refusing writes: /readyz
+    answers 503 with the database's reason, sends answer 503 ``storage`` (nothing acknowledged
+    that is not stored), the turn cannot store its answer and waits. Once the store accepts
+    writes again (no restart), within 10 s every accepted message has its terminal record (the
+    interrupted turn its whole answer), /readyz is 200, and the next turn works."""
+    answer = ["The answer begins. "] + [f"part {i} " + "x" * 2000 + " " for i in range(32)]
+    gate = trio.Event()
+    openai.push(Reply(answer, gate=gate))
+    openai.default = Reply("fine")
+    config = make_config(refusal.db_dir, openai, database_url=refusal.database_url)
+    async with (
+        serve_app(config) as srv,
+        httpx2.AsyncClient(base_url=srv.url, timeout=10) as client,
+    ):
+        with trio.fail_after(60):
+            assert (await client.get("/readyz")).json()["status"] == "ready"
+            response = await client.post("/agentik/conversations", json={})
+            assert response.status_code == 201, response.text
+            cid = response.json()["id"]
+            acked: list[str] = []
+            async with live(client, cid) as stream:
+                first = await send(client, cid, "tell me everything")
+                assert first is not None
+                acked.append(first)
+                await stream.until("append_text")  # the turn is mid-answer, held by the gate
+            for body in ("queued one", "queued two"):
+                queued = await send(client, cid, body)
+                assert queued is not None
+                acked.append(queued)
+
+            refusal.refuse()
+            gate.set()  # the answer arrives and cannot be stored
+            health = srv.agent.storage_health
+            await health.wait_writable(False)
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503, ready.text
+            body = ready.json()
+            assert body["status"] == "not_ready" and body["runtime"] == "running"
+            assert body["storage"]["writable"] is False
+            assert refusal.says in body["storage"]["error"], body
+            assert refusal.says in body["reasons"][0], body
+            assert (await client.get("/healthz")).status_code == 200  # liveness is not readiness
+            for i in range(3):  # sends: 503 while refused (a small one may still fit: then 202)
+                during = await send(client, cid, f"during {i} " + "y" * 4000)
+                if during is not None:
+                    acked.append(during)
+            records = await journal(client, cid)  # reads keep working
+            assert not [r for r in records if r["message"]["type"] in TERMINAL]
+
+            await _ends_after_allow(srv, client, cid, refusal, acked, "".join(answer))
+
+
+async def _ends_after_allow(srv: Server, client: httpx2.AsyncClient, cid: str, refusal: Refusal,
+                            acked: list[str], answer: str) -> None:
+    hub_epoch = srv.hub.epoch
+    _, current = (await client.get("/agentik/cursor")).json()["current"].split(":")
+    async with open_sse(client, f"/agentik/conversations/{cid}/events",
+                        after=f"{hub_epoch}:{current}") as events:
+        refusal.allow()
+        ended: set[str] = set()
+        with trio.fail_after(10):  # issue 11: within 10 s of the store accepting writes
+            while not set(acked) <= ended:
+                frame = await events.next_event()
+                if frame.event in TERMINAL:
+                    ended.add(frame.common().event.record.message.turn_id)  # type: ignore[union-attr]
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready", ready.text
+    records = await journal(client, cid)
+    users = [r["id"] for r in records if r["message"]["type"] == "user_message"]
+    assert set(acked) <= set(users), "an acknowledged message was lost"
+    answers = {r["message"]["turn_id"]: r["message"] for r in records
+               if r["message"]["type"] == "assistant_message"}
+    first = answers[acked[0]]  # the turn cut by the refusal kept its whole answer
+    assert first["content"][0]["body"] == answer and not first["interrupted"]
+    assert all(turn in answers for turn in acked), "every accepted turn ran to its answer"
+    after = await send(client, cid, "and now?")  # the next turn works, no restart
+    assert after is not None
+    with trio.fail_after(10):
+        async with live(client, cid) as stream:
+            while after not in {r["message"].get("turn_id") for r in await journal(client, cid)
+                                if r["message"]["type"] == "assistant_message"}:
+                await stream.next_event()
+    assert srv.hub.epoch == hub_epoch and not srv.fatal
+
+
+# --- /readyz ---------------------------------------------------------------------------------------
+
+
+async def test_readyz_is_public_and_a_failed_mcp_server_is_degraded_not_unready(
+    tmp_path: Path, openai: ScriptedOpenAI
+) -> None:
+    """A failed MCP server: 200 ``degraded`` naming it and why (the why only with a token when
+    auth is on); the route needs no token, like /healthz."""
+    mcp = tmp_path / "mcp.json"
+    mcp.write_text(json.dumps({"mcpServers": {
+        "ghost": {"command": str(tmp_path / "no-such-mcp-server"), "args": []}}}))
+    config = make_config(tmp_path, openai, mcp_config=str(mcp), tokens=("s3cret",))
+    async with serve_app(config) as srv, httpx2.AsyncClient(base_url=srv.url, timeout=10) as http:
+        with trio.fail_after(20):
+            while True:
+                public = await http.get("/readyz")
+                assert public.status_code == 200, public.text
+                if public.json()["status"] == "degraded":
+                    break
+                await trio.sleep(0.05)  # polling a route: MCP state has no event a client sees
+        body = public.json()
+        assert body["tools"] == [{"name": "ghost", "state": body["tools"][0]["state"],
+                                  "error": None}], body
+        assert body["reasons"] == ["MCP server 'ghost' failed"]
+        assert body["storage"] == {"writable": True, "error": None, "since": None}
+        full = await http.get("/readyz", headers={"Authorization": "Bearer s3cret"})
+        assert full.status_code == 200
+        assert "no-such-mcp-server" in full.json()["tools"][0]["error"], full.json()
+        assert "no-such-mcp-server" in full.json()["reasons"][0]
+        assert (await http.get("/agentik/tools")).status_code == 401  # the API still needs it
+
+
+async def test_readyz_before_the_runtime_runs(tmp_path: Path, openai: ScriptedOpenAI) -> None:
+    from agentik.web.app import create_app
+
+    app = create_app(make_config(tmp_path, openai), handle_sigterm=False)
+    response = await app.test_client().get("/readyz")  # no lifespan: the runtime never started
+    assert response.status_code == 503
+    body = json.loads(await response.get_data())
+    assert body["status"] == "not_ready" and body["runtime"] == "starting", body
+    assert body["reasons"] == ["the runtime is starting"]
+
+
+async def test_readiness_returns_without_traffic_once_writes_are_accepted(
+    refusal: Refusal, openai: ScriptedOpenAI, allow_error_logs: None
+) -> None:
+    """One refused send makes /readyz 503; after the store accepts writes again, nothing else
+    is sent, and the writer's own probe brings /readyz back to 200 (within 10 s)."""
+    config = make_config(refusal.db_dir, openai, database_url=refusal.database_url)
+    async with (
+        serve_app(config) as srv,
+        httpx2.AsyncClient(base_url=srv.url, timeout=10) as client,
+    ):
+        with trio.fail_after(30):
+            response = await client.post("/agentik/conversations", json={})
+            assert response.status_code == 201, response.text
+            cid = response.json()["id"]
+            refusal.refuse()
+            assert await send(client, cid, "refused " + "z" * 20_000) is None
+            health = srv.agent.storage_health
+            while health.refusals < 4:  # the probe keeps failing while the store refuses
+                await health.changed()
+            assert not health.writable
+            assert (await client.get("/readyz")).status_code == 503
+            refusal.allow()
+        with trio.fail_after(10):
+            await srv.agent.storage_health.wait_writable()
+        assert (await client.get("/readyz")).json()["status"] == "ready"
