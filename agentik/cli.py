@@ -18,12 +18,18 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
 import trio
 
 from agentik.config import Config
 from agentik.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.config import Sockets
 
 log = logging.getLogger("agentik.cli")
 
@@ -137,9 +143,6 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
     runtime dies (returns 1). A start-up failure prints one line and nothing after it: 2 for a
     bad setting (the line names the variable) or a port in use (the line names the port), 1 for
     anything else (a database in use by another server, ...)."""
-    import errno
-
-    import hypercorn.config
     import hypercorn.trio.run
     from hypercorn.utils import wrap_app
 
@@ -152,60 +155,20 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
         died.set()  # the shutdown trigger below stops hypercorn gracefully
 
     app = create_app(config, on_fatal=on_fatal, report_startup=False)
-    hc = hypercorn.config.Config()
-    hc.bind = [f"{host}:{config.port}"]
-    hc.accesslog = None  # agentik logs one line per request itself
-    if config.log_format == "json":
-        # hypercorn's own lines through the root handler (JSON) instead of its own handler
-        hc.errorlog = logging.getLogger("hypercorn.error")
-    hc.graceful_timeout = graceful_timeout
-    hc.keep_alive_timeout = config.keep_alive_timeout
-    hc.backlog = config.backlog
-    # agentik's own check closes oversized messages with 1009 cleanly (waiting for the client's
-    # close reply); hypercorn's limit, which just drops the connection, is only a backstop for
-    # messages far over it.
-    hc.websocket_max_message_size = 2 * config.max_body_bytes
-
+    hc = _hypercorn_config(config, host, graceful_timeout)
     # Bind before the runtime starts: a port in use is one clear line, not a runtime started
     # for nothing and a traceback.
-    try:
-        sockets = hc.create_sockets()
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            print(f"agentik: port {config.port} on {host} is already in use: stop the other "
-                  "server or choose another port (AGENTIK_PORT or --port)", file=sys.stderr)
-        else:
-            print(f"agentik: cannot listen on {host}:{config.port}: {exc.strerror or exc}",
-                  file=sys.stderr)
+    sockets = _bind(hc, config, host)
+    if sockets is None:
         return 2
-    for sock in sockets.insecure_sockets:
-        sock.listen(hc.backlog)
     # hypercorn logs "Running on ..." even when the lifespan start-up has just failed.
     quiet = _DropWhile(lambda: app.agentik.startup_error is not None)
     logging.getLogger("hypercorn.error").addFilter(quiet)
-
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-
-        async def shutdown_trigger() -> None:
-            async with trio.open_nursery() as nursery:
-
-                async def on_signal() -> None:
-                    async for signum in signals:
-                        log.info("%s: shutting down", signal.Signals(signum).name)
-                        break
-                    nursery.cancel_scope.cancel()
-
-                async def on_death() -> None:
-                    await died.wait()
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(on_signal)
-                nursery.start_soon(on_death)
-
         try:
             await hypercorn.trio.run.worker_serve(
                 wrap_app(app, hc.wsgi_max_body_size, None), hc, sockets=sockets,
-                shutdown_trigger=shutdown_trigger,
+                shutdown_trigger=partial(_until_signal_or_death, signals, died),
             )
         except Exception as exc:
             cause = app.agentik.startup_error
@@ -219,6 +182,62 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
             for sock in sockets.insecure_sockets:
                 sock.close()
     return 1 if died.is_set() else 0
+
+
+def _hypercorn_config(config: Config, host: str, graceful_timeout: float) -> HypercornConfig:
+    import hypercorn.config
+
+    hc = hypercorn.config.Config()
+    hc.bind = [f"{host}:{config.port}"]
+    hc.accesslog = None  # agentik logs one line per request itself
+    if config.log_format == "json":
+        # hypercorn's own lines through the root handler (JSON) instead of its own handler
+        hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.graceful_timeout = graceful_timeout
+    hc.keep_alive_timeout = config.keep_alive_timeout
+    hc.backlog = config.backlog
+    # agentik's own check closes oversized messages with 1009 cleanly (waiting for the client's
+    # close reply); hypercorn's limit, which just drops the connection, is only a backstop for
+    # messages far over it.
+    hc.websocket_max_message_size = 2 * config.max_body_bytes
+    return hc
+
+
+def _bind(hc: HypercornConfig, config: Config, host: str) -> Sockets | None:
+    """The listening sockets, or None after one line saying why not (the port, if in use)."""
+    import errno
+
+    try:
+        sockets = hc.create_sockets()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            print(f"agentik: port {config.port} on {host} is already in use: stop the other "
+                  "server or choose another port (AGENTIK_PORT or --port)", file=sys.stderr)
+        else:
+            print(f"agentik: cannot listen on {host}:{config.port}: {exc.strerror or exc}",
+                  file=sys.stderr)
+        return None
+    for sock in sockets.insecure_sockets:
+        sock.listen(hc.backlog)
+    return sockets
+
+
+async def _until_signal_or_death(signals: AsyncIterator[int], died: trio.Event) -> None:
+    """hypercorn's shutdown trigger: returns at SIGINT/SIGTERM or when the runtime died."""
+    async with trio.open_nursery() as nursery:
+
+        async def on_signal() -> None:
+            async for signum in signals:
+                log.info("%s: shutting down", signal.Signals(signum).name)
+                break
+            nursery.cancel_scope.cancel()
+
+        async def on_death() -> None:
+            await died.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(on_signal)
+        nursery.start_soon(on_death)
 
 
 class _DropWhile(logging.Filter):

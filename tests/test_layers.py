@@ -259,8 +259,6 @@ TOO_LONG_FOR_NOW: set[str] = {
     "agentik/storage/pg_writer.py",  # the PostgreSQL writer (helper "pg")
     "agentik/storage/actor.py:run_storage",  # helper "disk"
     "agentik/actors/handle.py:submit",  # helper "disk"
-    "agentik/cli.py:serve",  # helper "startup"
-    "agentik/llm/openai.py:send_stream",  # helper "startup"
 }
 
 

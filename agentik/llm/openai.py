@@ -243,24 +243,11 @@ class OpenAiConversation:
             )
         reader = RoundReader()
         done = False  # the server's "[DONE]"
-        streaming = self._llm.client.chat.completions.with_streaming_response
         limit = max_output_tokens if max_output_tokens is not None else self._llm.output_budget()
         try:
             with map_exceptions(self._llm.errors):
                 async with AsyncExitStack() as stack:
-                    request = self._request(limit)
-
-                    async def attempt() -> Any:
-                        return await stack.enter_async_context(streaming.create(**request))
-
-                    # AGENTIK_LLM_TIMEOUT bounds the whole wait for the response, retries
-                    # included: they are ours (the SDK's max_retries is 0), and one is made only
-                    # when it can still finish in time (agentik.llm.boundary.retry_within).
-                    response = await retry_within(
-                        attempt, deadline=trio.current_time() + self._llm.timeout,
-                        max_retries=self._llm.max_retries, retry_delay=retry_delay,
-                        timed_out=self._timed_out, what=f"the LLM request to {self._llm.endpoint}",
-                    )
+                    response = await self._open(stack, limit)
                     lines = response.iter_lines()
                     async for line in lines:
                         if not line.startswith("data:"):
@@ -284,7 +271,33 @@ class OpenAiConversation:
                        for m in self.messages) + (limit or 0)
             self._llm.learn_overflow(exc, sent)
             raise
-        if not reader.finished and not done:
+        for delta in self._unfinished(reader, done):
+            yield delta
+        self.messages.append(reader.message())
+
+    async def _open(self, stack: AsyncExitStack, limit: int | None) -> Any:
+        """This round's streamed response, its headers read, entered on ``stack``.
+
+        AGENTIK_LLM_TIMEOUT bounds the whole wait for it, retries included: they are ours (the
+        SDK's max_retries is 0), and one is made only when it can still finish in time
+        (agentik.llm.boundary.retry_within)."""
+        streaming = self._llm.client.chat.completions.with_streaming_response
+        request = self._request(limit)
+
+        async def attempt() -> Any:
+            return await stack.enter_async_context(streaming.create(**request))
+
+        return await retry_within(
+            attempt, deadline=trio.current_time() + self._llm.timeout,
+            max_retries=self._llm.max_retries, retry_delay=retry_delay,
+            timed_out=self._timed_out, what=f"the LLM request to {self._llm.endpoint}",
+        )
+
+    def _unfinished(self, reader: RoundReader, done: bool) -> list[LlmDelta]:
+        """The round's last deltas when the body ended without a finish_reason."""
+        if reader.finished:
+            return []
+        if not done:
             # The body ended with neither a finish_reason nor [DONE]: the server died (or the
             # connection was cut) mid-answer. What was streamed is not the answer: fail the
             # round, so the turn keeps the partial text marked interrupted and stores the error.
@@ -292,11 +305,8 @@ class OpenAiConversation:
                 f"the LLM stream from {self._llm.endpoint} ended before the answer was complete "
                 "(no finish_reason, no [DONE])"
             )
-        if not reader.finished:
-            log.warning("the LLM stream from %s ended without a finish_reason", self._llm.endpoint)
-            for delta in reader.finish(None):
-                yield delta
-        self.messages.append(reader.message())
+        log.warning("the LLM stream from %s ended without a finish_reason", self._llm.endpoint)
+        return list(reader.finish(None))
 
     def _timed_out(self, attempts: int) -> LlmError:
         tries = "" if attempts == 1 else f" ({attempts} attempts)"
