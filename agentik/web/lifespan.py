@@ -53,7 +53,7 @@ async def start_runtime(app: QuartTrio, st: WebState) -> None:
         st.startup_error = exc
         if st.report_startup:
             log.critical(message)
-        process.end_failed_startup()  # under hypercorn's CLI: leave now (see there)
+        process.end_failed_startup(exc)  # under hypercorn's CLI: leave now (see there)
         raise StartupFailed(message) from None
     log.info("agentik runtime started (database %s, epoch %s)", st.config.db_path, st.require_agent().id)
 

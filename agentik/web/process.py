@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from agentik.errors import ConfigError
 from agentik.web import logjson
 from agentik.web._state import JSON, WebState, log
 from agentik.web.errors import error_body
@@ -88,19 +89,21 @@ def release_supervisor_semaphores() -> None:
             SemLock._cleanup(name)  # type: ignore[attr-defined]
 
 
-#: the exit status of a start-up failure (a bad setting, a database in use), as ``agentik serve``
-STARTUP_FAILED = 2
+#: the exit status of a start-up failure, as ``agentik serve``: 2 for a bad setting, else 1 (a
+#: database in use, ...)
+BAD_SETTING, STARTUP_FAILED = 2, 1
 
 
-def end_failed_startup() -> None:
-    """After a start-up failure was reported in its one line: under hypercorn's command line, end
-    the process here, before hypercorn adds its own report. A worker of its supervisor
-    (``hypercorn -k trio``, one or more workers) ends through :func:`terminate`; the app run
-    in hypercorn's own process (``-w 0``) exits :data:`STARTUP_FAILED`, where hypercorn would
-    print the failure again as a 40-line traceback and exit 1. Embedded (``agentik serve``,
-    ``hypercorn.trio.serve`` in tests) it returns, and the caller's lifespan fails as usual."""
+def end_failed_startup(exc: BaseException) -> None:
+    """After a start-up failure (``exc``) was reported in its one line: under hypercorn's command
+    line, end the process here, before hypercorn adds its own report. A worker of its supervisor
+    (``hypercorn -k trio``, one or more workers) ends through :func:`terminate`; the app run in
+    hypercorn's own process (``-w 0``) exits :data:`BAD_SETTING` or :data:`STARTUP_FAILED`,
+    where hypercorn would print the failure again as a 40-line traceback and exit 1. Embedded
+    (``agentik serve``, ``hypercorn.trio.serve`` in tests) it returns, and the caller's lifespan
+    fails as usual."""
     if supervisor_pid() is not None or _run_by_hypercorn_cli():
-        terminate(STARTUP_FAILED)
+        terminate(BAD_SETTING if isinstance(exc, ConfigError) else STARTUP_FAILED)
 
 
 def _run_by_hypercorn_cli() -> bool:
