@@ -314,9 +314,10 @@ async def test_disk_full_fails_clearly_keeps_acknowledged_and_recovers(
     tmp_path: Path, openai: ScriptedOpenAI
 ) -> None:
     """Through HTTP, on a database in a 4 MiB tmpfs: once the disk is full, sends fail with a
-    clear 503 ``storage`` error (never a 500, never a false 202) while reads keep working; after
-    space is freed, sends and turns work again; nothing acknowledged is lost, also across a
-    kill -9 and restart; the event stream has no gap."""
+    clear 503 ``storage`` error (never a 500, never a false 202) while reads keep working and
+    /readyz answers 503; after space is freed, without a restart, every accepted turn has its
+    terminal record within 10 s, /readyz is 200, sends and turns work again; nothing
+    acknowledged is lost, also across a kill -9 and restart; the event stream has no gap."""
     openai.callable_default = lambda body: Reply("fine " * 20)
     with small_tmpfs(tmp_path / "mnt", "4m") as mnt:
         db = str(mnt / "full.db")
@@ -352,24 +353,26 @@ async def test_disk_full_fails_clearly_keeps_acknowledged_and_recovers(
                 assert refused, "the disk never filled up"
                 assert all(r["error"]["code"] == "storage" for r in refused), refused
                 assert "full" in refused[0]["error"]["message"].lower(), refused[0]
-                # Reads still work.
+                # Reads still work; readiness says why writes do not.
                 assert (await client.get(f"/agentik/conversations/{cid}")).status_code == 200
+                ready = await client.get("/readyz")
+                assert ready.status_code == 503 and "full" in ready.json()["reasons"][0], ready.text
 
-                # The cause goes away: the service recovers without a restart.
+                # The cause goes away: the service recovers without a restart, and every
+                # accepted turn gets its terminal record within 10 s (issue 11 #5).
                 (mnt / "filler").unlink()
-                for _ in range(100):
-                    response = await client.post(f"/agentik/conversations/{cid}/messages",
-                                                 json=text("after"))
-                    if response.status_code == 202:
-                        acked.add(response.json()["message_id"])
-                        break
-                    await trio.sleep(0.1)
+                with trio.fail_after(10):
+                    await _wait_all_turns(client)
+                    await _wait_ready(client)  # the writer's probe notices the space (no traffic)
+                response = await client.post(f"/agentik/conversations/{cid}/messages",
+                                             json=text("after"))
                 assert response.status_code == 202, response.text
+                acked.add(response.json()["message_id"])
                 await _wait_assistant(client, cid, response.json()["message_id"])
                 await follow(client, log, until=(await head(client))[1])
+                check_history(await journal(client), log, acked)
 
-            # Durable across a crash too; turns cut by the full disk end with a terminal record
-            # at the latest after the restart (start-up recovery).
+            # Durable across a crash too.
             await srv.restart()
             with trio.fail_after(60):
                 await follow(client, log, until=(await head(client))[1])
@@ -384,6 +387,13 @@ async def _wait_turns_done(client: httpx2.AsyncClient, cid: str, n: int) -> None
         if len(done) >= n:
             return
         await trio.sleep(0.05)
+
+
+async def _wait_ready(client: httpx2.AsyncClient) -> None:
+    while True:
+        if (await client.get("/readyz")).status_code == 200:
+            return
+        await trio.sleep(0.05)  # polling a route: a subprocess server has no event to wait on
 
 
 async def _wait_assistant(client: httpx2.AsyncClient, cid: str, turn_id: str) -> None:
