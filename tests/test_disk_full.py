@@ -376,6 +376,40 @@ async def _ends_after_allow(srv: Server, client: httpx2.AsyncClient, cid: str, r
     assert srv.hub.epoch == hub_epoch and not srv.fatal
 
 
+async def test_a_conversation_stopped_while_its_end_is_refused_still_gets_it(
+    refusal: Refusal, openai: ScriptedOpenAI, allow_error_logs: None
+) -> None:
+    """The turn's answer cannot be stored and the conversation is deleted meanwhile: its actor
+    stops, the delete (a write) answers 503. Once the store accepts writes (no restart), the
+    turn still gets its terminal record, its whole answer, within 10 s; the conversation is
+    there and its next turn works."""
+    if refusal.name == "max_page_count":
+        pytest.skip("a delete frees pages, so under max_page_count it may fit and succeed")
+    answer = ["Begin. "] + [f"part {i} " + "x" * 2000 + " " for i in range(32)]
+    gate = trio.Event()
+    openai.push(Reply(answer, gate=gate))
+    openai.default = Reply("fine")
+    config = make_config(refusal.db_dir, openai, database_url=refusal.database_url)
+    async with (
+        serve_app(config) as srv,
+        httpx2.AsyncClient(base_url=srv.url, timeout=10) as client,
+    ):
+        with trio.fail_after(60):
+            cid = (await client.post("/agentik/conversations", json={})).json()["id"]
+            async with live(client, cid) as stream:
+                first = await send(client, cid, "tell me everything")
+                assert first is not None
+                await stream.until("append_text")
+            refusal.refuse()
+            gate.set()
+            await srv.agent.storage_health.wait_writable(False)
+            deleted = await client.delete(f"/agentik/conversations/{cid}")
+            assert deleted.status_code == 503, deleted.text
+            assert deleted.json()["error"]["code"] == "storage"
+            assert await send(client, cid, "not now") is None  # 503 while it is still closing
+            await _ends_after_allow(srv, client, cid, refusal, [first], "".join(answer))
+
+
 # --- /readyz ---------------------------------------------------------------------------------------
 
 

@@ -5,12 +5,15 @@ the ops ``turn.end`` gives keep what the user saw). Every op of an ending is sto
 ``Storage.write_until_stored``: while the store refuses writes (a full disk, a read-only
 database) it is retried with bounded backoff, so the turn gets its terminal record as soon as
 the store accepts writes again, without a restart. Only a cancel between attempts (shutdown,
-the conversation stopped) ends the retries; start-up recovery then closes the turn.
+the conversation stopped) ends the retries: the ops not stored are then handed to the registry,
+which goes on storing them (``Registry.unsettled``); at a shutdown, start-up recovery closes
+the turn instead.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import trio
 
@@ -51,10 +54,21 @@ class TurnEndings:
         with trio.CancelScope(shield=True):
             await self.close_llm()
         try:
-            for op in closing:
-                await self._store_ending(op)
+            for i, op in enumerate(closing):
+                try:
+                    await self._store_ending(op)
+                except trio.Cancelled:
+                    self._hand_over(closing[i:])
+                    raise
         finally:
             self.online(End(turn_id=state.turn_id))
+
+    def _hand_over(self, pending: Sequence[ops.AnyOp]) -> None:
+        """The actor is stopped (deleted, shut down) while the store refuses its turn's ending:
+        the registry stores ``pending`` for it (see ``Registry.unsettled``)."""
+        log.warning("conversation %s stopped before its turn's end was stored: handed over",
+                    self.h.conversation_id, extra=turn_fields(self.h.conversation_id, None))
+        self.h.keeper.unsettled(self.h, pending)
 
     async def _store_answer(self, state: logic.TurnState, op: ops.FinishTurn) -> None:
         """Store the answer (retried while the store refuses writes), then End. If the database
@@ -71,6 +85,10 @@ class TurnEndings:
         except RuntimeClosedError as exc:  # storage stopped: the next start-up closes the turn
             log.error("the answer of turn %s could not be stored: %s", state.turn_id, exc,
                       extra=turn_fields(self.h.conversation_id, state.turn_id))
+        except trio.Cancelled:
+            self._hand_over([op])
+            self.online(End(turn_id=state.turn_id))
+            raise
         except BaseException:
             self.online(End(turn_id=state.turn_id))
             raise
@@ -79,8 +97,8 @@ class TurnEndings:
     async def _store_ending(self, op: ops.AppendToolResult | ops.FinishTurn) -> None:
         """Store one op of a turn's ending, retried while the store refuses writes: the turn
         gets its terminal record as soon as the store accepts writes again. Only a cancel
-        (shutdown, the conversation stopped) ends the retries; start-up recovery then closes
-        the turn ("interrupted by restart")."""
+        (shutdown, the conversation stopped) ends the retries (Cancelled: the caller hands the
+        rest over to the registry)."""
         fields = turn_fields(self.h.conversation_id, getattr(op, "turn_id", None))
         try:
             await self.deps.storage.write_until_stored(op)
@@ -90,11 +108,6 @@ class TurnEndings:
             # The turn row stays open; the next start-up closes it with an Error record.
             log.error("could not store the end of turn %s (%s): %s",
                       self.h.conversation_id, type(op).__name__, exc, extra=fields)
-        except trio.Cancelled:
-            log.warning("the end of a turn of %s (%s) was not stored before the conversation "
-                        "stopped: the next start-up closes it", self.h.conversation_id,
-                        type(op).__name__, extra=fields)
-            raise
 
     async def end_crashed(self, turn: Turn, exc: BaseException) -> None:
         """Close ``turn`` with a crash Error (the supervisor calls this after a bug, or for the

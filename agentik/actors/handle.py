@@ -43,6 +43,11 @@ class Keeper(Protocol):
         """The actor is gone: the next lookup starts a fresh one."""
         ...
 
+    def unsettled(self, handle: ConversationHandle, pending: Sequence[ops.AnyOp]) -> None:
+        """The actor was stopped before the store took its turn's ending: store ``pending``
+        (in order, retried while the store refuses writes) before the conversation runs again."""
+        ...
+
 
 @dataclass(eq=False)
 class ConversationHandle:

@@ -21,8 +21,15 @@ from agentik.actors.deps import Deps
 from agentik.actors.handle import ConversationHandle, HandleClosed
 from agentik.actors.messages import MailboxMessage
 from agentik.actors.supervisor import supervise
-from agentik.errors import IdempotencyKeyReusedError, NotFoundError, RuntimeClosedError
+from agentik.errors import (
+    IdempotencyKeyReusedError,
+    NotFoundError,
+    RuntimeClosedError,
+    StorageError,
+    StorageUnavailableError,
+)
 from agentik.storage import ops
+from agentik.storage.actor import RETRY
 from agentik.storage.queries import get_conversation, idempotency_key
 from agentik.wire import Content, ConversationRecord, MessageContext
 
@@ -38,8 +45,12 @@ class Registry:
         self.nursery = nursery
         self.live: dict[str, ConversationHandle] = {}
         self._loading: dict[str, trio.Event] = {}
+        #: conversation id -> the ending ops a stopped actor left unstored (``unsettled``), and
+        #: the event set once they are stored or dropped
+        self._unsettled: dict[str, tuple[list[ops.AnyOp], trio.Event]] = {}
 
     async def _start(self, conversation_id: str) -> ConversationHandle:
+        await self._settled(conversation_id)
         leases = self.deps.storage.leases
         if leases is not None:  # a PostgreSQL cluster: own it first (NotOwnerError if not ours)
             await leases.claim(conversation_id)
@@ -165,6 +176,50 @@ class Registry:
         handle.mailbox.close()
         self.forget(handle)
         return True
+
+    def unsettled(self, handle: ConversationHandle, pending: Sequence[ops.AnyOp]) -> None:
+        """Keeper: an actor stopped (a delete, a lease lost, a shutdown) while the store refused
+        its turn's ending. A task stores ``pending`` in order, retried until stored (a deleted
+        conversation's are dropped), so the turn gets its terminal record without a restart;
+        the conversation is not loaded again before (``_settled``)."""
+        cid = handle.conversation_id
+        if cid in self._unsettled:
+            self._unsettled[cid][0].extend(pending)
+            return
+        self._unsettled[cid] = (list(pending), trio.Event())
+        self.nursery.start_soon(self._settle, cid)
+
+    async def _settle(self, conversation_id: str) -> None:
+        pending, done = self._unsettled[conversation_id]
+        try:
+            while pending:
+                try:
+                    await self.deps.storage.write_until_stored(pending[0])
+                except NotFoundError:
+                    pass  # deleted meanwhile: nothing left to close
+                except (StorageError, RuntimeClosedError) as exc:  # start-up recovery closes it
+                    log.error("could not store the end of a turn of %s: %s", conversation_id, exc,
+                              extra={"conversation_id": conversation_id})
+                    return
+                pending.pop(0)
+        finally:
+            del self._unsettled[conversation_id]
+            done.set()
+
+    async def _settled(self, conversation_id: str) -> None:
+        """Before a conversation runs again: the ending its stopped actor left is stored. Raises
+        StorageUnavailableError (503) instead of waiting while the store refuses writes."""
+        entry = self._unsettled.get(conversation_id)
+        if entry is None:
+            return
+        health = self.deps.storage.health
+        if health.writable:
+            with trio.move_on_after(2 * RETRY.maximum):  # a retry's wait, at most
+                await entry[1].wait()
+        if conversation_id in self._unsettled:
+            raise StorageUnavailableError(
+                f"conversation {conversation_id!r} is still closing a turn the store refused"
+                + (f": {health.error}" if health.error else ""))
 
     def forget(self, handle: ConversationHandle) -> None:
         handle.closed = True
