@@ -1,9 +1,10 @@
 """Write operations the StorageActor accepts: a closed union of frozen structs.
 
-Each op is applied inside the batch transaction by :func:`agentik.storage.writer.apply_op`; every
-durable event it produces takes the next value of the counter, and the state rows it writes carry
-that same value, so ``event offset == record seq`` holds by construction. Ops carry no timestamps:
-every time stored by a batch is the writer's clock at that batch (one value per transaction).
+Each op is applied inside the batch transaction by :func:`agentik.storage.sqlite_ops.apply_op`
+(PostgreSQL: planned by ``pg_writer``); every durable event it produces takes the next value of
+the counter, and the state rows it writes carry that same value, so ``event offset == record
+seq`` holds by construction. Ops carry no timestamps: every time stored by a batch is the
+writer's clock at that batch (one value per transaction).
 """
 
 from __future__ import annotations

@@ -1,0 +1,300 @@
+"""The ops of the SQLite writer (``writer.Writer``), applied inside its batch transaction.
+
+One function per op, dispatched by :func:`apply_op` (the PostgreSQL engine plans the same ops in
+``pg_writer``); the rows they write are ``sqlite_rows``'. An op refused on purpose raises
+AgentikError: the batch's SAVEPOINT rolls back its rows and hands its seqs back.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Callable
+from typing import Any, assert_never
+
+import msgspec
+
+from agentik.errors import ConflictError, IdempotencyKeyReusedError
+from agentik.storage import ops
+from agentik.storage.sqlite_rows import (
+    StoredEvent,
+    Tx,
+    alloc,
+    append_memory,
+    bump,
+    conversation_exists,
+    delete_conversation,
+    emit,
+    journal,
+    not_found,
+    read_record,
+    row_to_conversation,
+    touch,
+)
+from agentik.wire import (
+    AssistantMessageEvent,
+    CompactionTriggered,
+    ConversationRecord,
+    Created,
+    DurableEvent,
+    Error,
+    ErrorEvent,
+    Interrupted,
+    MessageRecord,
+    Renamed,
+    SystemItem,
+    TaskUpdated,
+    ToolCallEvent,
+    ToolFailed,
+    ToolResultEvent,
+    UserMessageEvent,
+    encode,
+)
+
+__all__ = ["StoredEvent", "Tx", "apply_op", "row_to_conversation"]
+
+
+def _create(conn: sqlite3.Connection, tx: Tx, op: ops.CreateConversation) -> ConversationRecord:
+    seq = alloc(tx)
+    conn.execute(
+        "INSERT INTO conversation (id, title, is_temporal, created_at, updated_at, seq) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (op.conversation_id, op.title, int(op.is_temporal), tx.now, tx.now, seq),
+    )
+    append_memory(conn, tx, op.conversation_id, SystemItem(text=op.system_prompt), None)
+    created = read_record(conn, op.conversation_id)
+    emit(conn, tx, seq, op.conversation_id, Created(conversation=created), kind="agent")
+    return created
+
+
+def _delete_op(conn: sqlite3.Connection, tx: Tx, op: ops.DeleteConversation) -> bool:
+    exists = conn.execute("SELECT 1 FROM conversation WHERE id=?", (op.conversation_id,))
+    if exists.fetchone() is None:
+        return False
+    delete_conversation(conn, tx, op.conversation_id, "deleted")
+    return True
+
+
+def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> ConversationRecord:
+    seq = alloc(tx)
+    cur = conn.execute(
+        "UPDATE conversation SET title=?, updated_at=?, seq=? WHERE id=?",
+        (op.title, tx.now, seq, op.conversation_id),
+    )
+    if cur.rowcount == 0:
+        raise not_found(op.conversation_id)
+    emit(conn, tx, seq, op.conversation_id,
+          Renamed(conversation_id=op.conversation_id, title=op.title, updated_at=tx.now),
+          kind="agent")
+    return read_record(conn, op.conversation_id)
+
+
+def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> MessageRecord:
+    record = journal(conn, tx, op.conversation_id, op.message_id, op.message)
+    conn.execute(
+        "INSERT INTO turn (id, conversation_id, state) VALUES (?, ?, 'queued')",
+        (op.message_id, op.conversation_id),
+    )
+    emit(conn, tx, record.seq, op.conversation_id, UserMessageEvent(record=record),
+          kind="conversation")
+    return record
+
+
+def _start_turn(conn: sqlite3.Connection, tx: Tx, op: ops.StartTurn) -> None:
+    conversation_exists(conn, op.conversation_id)  # takes no seq: checked up front
+    append_memory(conn, tx, op.conversation_id, op.item, op.turn_id)
+    conn.execute("UPDATE turn SET state='running' WHERE id=?", (op.turn_id,))
+
+
+def _tool_calls(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolCalls) -> list[MessageRecord]:
+    records = []
+    for message_id, call in op.calls:
+        record = journal(conn, tx, op.conversation_id, message_id, call)
+        emit(conn, tx, record.seq, op.conversation_id, ToolCallEvent(record=record),
+              kind="conversation")
+        records.append(record)
+    if not op.calls:
+        conversation_exists(conn, op.conversation_id)  # an empty round takes no seq
+    append_memory(conn, tx, op.conversation_id, op.item, None)
+    return records
+
+
+def _tool_result(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolResult) -> MessageRecord:
+    record = journal(conn, tx, op.conversation_id, op.message_id, op.result)
+    event: DurableEvent = (
+        ToolFailed(record=record) if op.result.is_error else ToolResultEvent(record=record)
+    )
+    emit(conn, tx, record.seq, op.conversation_id, event, kind="conversation")
+    append_memory(conn, tx, op.conversation_id, op.item, op.message_id)
+    return record
+
+
+def _finish_turn(conn: sqlite3.Connection, tx: Tx, op: ops.FinishTurn) -> list[MessageRecord]:
+    out: list[MessageRecord] = []
+    if op.assistant is not None:
+        message_id, answer = op.assistant
+        record = journal(conn, tx, op.conversation_id, message_id, answer)
+        emit(conn, tx, record.seq, op.conversation_id,
+              AssistantMessageEvent(record=record), kind="conversation")
+        if op.item is not None:
+            append_memory(conn, tx, op.conversation_id, op.item, message_id)
+        out.append(record)
+    if op.interrupted:
+        seq = alloc(tx)
+        bump(conn, op.conversation_id, seq)
+        emit(conn, tx, seq, op.conversation_id, Interrupted(turn_id=op.turn_id),
+              kind="conversation")
+    if op.error is not None:
+        message_id, error = op.error
+        record = journal(conn, tx, op.conversation_id, message_id, error)
+        emit(conn, tx, record.seq, op.conversation_id, ErrorEvent(record=record),
+              kind="conversation")
+        out.append(record)
+    if op.forget_from is not None:
+        conn.execute("DELETE FROM working_memory WHERE conversation_id=? AND order_idx >= ?",
+                     (op.conversation_id, op.forget_from))
+    if op.turn_id is not None:
+        conn.execute("DELETE FROM turn WHERE id=?", (op.turn_id,))
+    touch(conn, tx, op.conversation_id)
+    return out
+
+
+def _compact(conn: sqlite3.Connection, tx: Tx, op: ops.Compact) -> None:
+    first = conn.execute(
+        "SELECT MIN(order_idx) FROM working_memory WHERE conversation_id=? AND order_idx > "
+        "(SELECT MIN(order_idx) FROM working_memory WHERE conversation_id=?)",
+        (op.conversation_id, op.conversation_id),
+    ).fetchone()[0]
+    conn.execute(
+        "DELETE FROM working_memory WHERE conversation_id=? AND order_idx >= ? AND order_idx < ?",
+        (op.conversation_id, first if first is not None else op.before_order_idx,
+         op.before_order_idx),
+    )
+    if op.summary is not None and first is not None:
+        conn.execute(
+            "INSERT INTO working_memory "
+            "(conversation_id, order_idx, source_message_id, created_at, payload) "
+            "VALUES (?, ?, NULL, ?, ?)",
+            (op.conversation_id, first, tx.now, encode(op.summary)),
+        )
+    seq = alloc(tx)
+    bump(conn, op.conversation_id, seq)
+    summary_text = getattr(op.summary, "text", None)
+    emit(conn, tx, seq, op.conversation_id,
+          CompactionTriggered(dropped_items=op.dropped, summary=summary_text),
+          kind="conversation")
+
+
+def _recover_turns(conn: sqlite3.Connection, tx: Tx, op: ops.RecoverTurns) -> int:
+    sql = "SELECT t.id, t.conversation_id FROM turn t JOIN conversation c ON c.id = t.conversation_id"
+    args: tuple[str, ...] = ()
+    if op.conversation_id is not None:
+        sql += " WHERE t.conversation_id = ?"
+        args = (op.conversation_id,)
+    rows = conn.execute(sql + " ORDER BY t.rowid", args).fetchall()
+    for turn_id, conversation_id in rows:
+        error = Error(message=op.message, code=op.code, turn_id=turn_id)
+        record = journal(conn, tx, conversation_id, uuid.uuid4().hex, error)
+        emit(conn, tx, record.seq, conversation_id, ErrorEvent(record=record),
+              kind="conversation")
+        touch(conn, tx, conversation_id)
+    if op.conversation_id is None:
+        conn.execute("DELETE FROM turn")
+    else:
+        conn.execute("DELETE FROM turn WHERE conversation_id = ?", (op.conversation_id,))
+    return len(rows)
+
+
+def _purge_temporary(conn: sqlite3.Connection, tx: Tx, op: ops.PurgeTemporary) -> int:
+    ids = [r[0] for r in conn.execute("SELECT id FROM conversation WHERE is_temporal=1")]
+    for conversation_id in ids:
+        delete_conversation(conn, tx, conversation_id, "temporary conversation ended by restart")
+    return len(ids)
+
+
+def apply_op(conn: sqlite3.Connection, tx: Tx, op: ops.AnyOp) -> Any:
+    """Apply one op inside the open transaction; returns its result. Raises AgentikError for a
+    refused op (rolled back alone) and sqlite3.Error for a storage failure (fails the batch)."""
+    match op:
+        case ops.CreateConversation():
+            return _idempotent(conn, tx, op.idempotency, lambda: _create(conn, tx, op))
+        case ops.DeleteConversation():
+            return _delete_op(conn, tx, op)
+        case ops.RenameConversation():
+            return _rename(conn, tx, op)
+        case ops.AppendUserMessage():
+            return _idempotent(conn, tx, op.idempotency, lambda: _append_user(conn, tx, op))
+        case ops.StartTurn():
+            return _start_turn(conn, tx, op)
+        case ops.AppendToolCalls():
+            return _tool_calls(conn, tx, op)
+        case ops.AppendToolResult():
+            return _tool_result(conn, tx, op)
+        case ops.FinishTurn():
+            return _finish_turn(conn, tx, op)
+        case ops.Compact():
+            return _compact(conn, tx, op)
+        case ops.RecoverTurns():
+            return _recover_turns(conn, tx, op)
+        case ops.PurgeTemporary():
+            return _purge_temporary(conn, tx, op)
+        case ops.PutA2ATask():
+            return _put_a2a_task(conn, tx, op)
+        case _:
+            assert_never(op)
+
+
+# --- idempotency keys (ops.Idempotency; the PostgreSQL engine mirrors these) ----------------------
+
+
+def _idempotent(
+    conn: sqlite3.Connection, tx: Tx, idem: ops.Idempotency | None,
+    write: Callable[[], MessageRecord | ConversationRecord],
+) -> Any:
+    """Run ``write`` and store its key with it, or answer a replay of a stored key."""
+    if idem is None:
+        return write()
+    conn.execute("DELETE FROM idempotency_key WHERE expires_at <= ?", (tx.now,))
+    row = conn.execute(
+        "SELECT fingerprint, result_id FROM idempotency_key WHERE key=?", (idem.key,)
+    ).fetchone()
+    if row is not None:
+        if row[0] != idem.fingerprint:
+            raise IdempotencyKeyReusedError(
+                "this Idempotency-Key was already used with another request"
+            )
+        return ops.Replayed(result_id=row[1])
+    result = write()
+    conn.execute(
+        "INSERT INTO idempotency_key (key, fingerprint, result_id, created_at, expires_at) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (idem.key, idem.fingerprint, result.id, tx.now, tx.now + idem.ttl),
+    )
+    return result
+
+
+def _put_a2a_task(conn: sqlite3.Connection, tx: Tx, op: ops.PutA2ATask) -> int:
+    row = conn.execute("SELECT seq FROM a2a_task WHERE id=?", (op.task_id,)).fetchone()
+    stored = None if row is None else int(row[0])
+    if stored != op.expect_seq:
+        raise ConflictError(
+            f"task {op.task_id!r} is at seq {stored}, the change expected {op.expect_seq}"
+        )
+    seq = alloc(tx)
+    if row is None:
+        conn.execute(
+            "INSERT INTO a2a_task (id, context_id, conversation_id, state, created_at, updated_at, "
+            "first_seq, seq, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (op.task_id, op.context_id, op.conversation_id, op.state, tx.now, tx.now, seq, seq,
+             op.task),
+        )
+    else:
+        conn.execute(
+            "UPDATE a2a_task SET conversation_id=?, state=?, updated_at=?, seq=?, payload=? "
+            "WHERE id=?",
+            (op.conversation_id, op.state, tx.now, seq, op.task, op.task_id),
+        )
+    event = TaskUpdated(task_id=op.task_id, context_id=op.context_id, state=op.state,
+                        update=msgspec.Raw(op.update))
+    emit(conn, tx, seq, op.conversation_id, event, kind="a2a")
+    return seq

@@ -1,0 +1,168 @@
+"""Row-level writes of the SQLite writer's ops (``sqlite_ops``), inside the batch transaction:
+a durable event with its outbox row at the next seq (``emit``), a journal record, a working
+memory item, the conversation's seq bump, a whole conversation's deletion.
+
+Every time stored is ``tx.now`` (the writer's clock at this batch). Conversation existence is
+checked by the row count of the conversation UPDATE that every seq-taking op performs, i.e.
+after the op took its seqs: an op refused so raises NotFoundError and its SAVEPOINT hands the
+seqs back.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentik.errors import NotFoundError
+from agentik.wire import (
+    AgentEvent,
+    CommonEvent,
+    ConversationClosing,
+    ConversationRecord,
+    Cursor,
+    Deleted,
+    DurableEvent,
+    Message,
+    MessageRecord,
+    Touched,
+    WorkingItem,
+    encode,
+    event_type,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """A committed durable event with its encoded CommonEvent JSON (what SSE sends as data)."""
+
+    offset: int
+    conversation_id: str | None
+    kind: str  # "agent", "conversation" or "a2a"
+    event: CommonEvent
+    raw: bytes
+
+
+@dataclass
+class Tx:
+    """One batch transaction's state: its epoch, the next seq and the clock value."""
+
+    epoch: str
+    next_seq: int
+    now: float
+    events: list[StoredEvent] = field(default_factory=list)
+
+
+def emit(
+    conn: sqlite3.Connection,
+    tx: Tx,
+    seq: int,
+    conversation_id: str | None,
+    event: DurableEvent | AgentEvent,
+    *,
+    kind: str,
+) -> None:
+    common = CommonEvent(
+        cursor=Cursor(epoch=tx.epoch, offset=seq), conversation_id=conversation_id, event=event
+    )
+    raw = encode(common)
+    conn.execute(
+        'INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload) '
+        "VALUES (?, ?, ?, ?, ?)",
+        (seq, conversation_id, kind, tx.now, raw),
+    )
+    tx.events.append(StoredEvent(seq, conversation_id, kind, common, raw))
+
+
+def alloc(tx: Tx) -> int:
+    seq = tx.next_seq
+    tx.next_seq += 1
+    return seq
+
+
+def not_found(conversation_id: str) -> NotFoundError:
+    return NotFoundError(f"conversation {conversation_id!r} not found")
+
+
+def conversation_exists(conn: sqlite3.Connection, conversation_id: str) -> None:
+    if conn.execute("SELECT 1 FROM conversation WHERE id=?", (conversation_id,)).fetchone() is None:
+        raise not_found(conversation_id)
+
+
+def bump(conn: sqlite3.Connection, conversation_id: str, seq: int, updated_at: float | None = None) -> None:
+    """Set the conversation's seq (and updated_at); NotFoundError if it does not exist."""
+    if updated_at is None:
+        cur = conn.execute("UPDATE conversation SET seq=? WHERE id=?", (seq, conversation_id))
+    else:
+        cur = conn.execute(
+            "UPDATE conversation SET seq=?, updated_at=? WHERE id=?",
+            (seq, updated_at, conversation_id),
+        )
+    if cur.rowcount == 0:
+        raise not_found(conversation_id)
+
+
+def journal(
+    conn: sqlite3.Connection, tx: Tx, conversation_id: str, message_id: str, message: Message
+) -> MessageRecord:
+    seq = alloc(tx)
+    bump(conn, conversation_id, seq)
+    record = MessageRecord(
+        id=message_id, seq=seq, conversation_id=conversation_id, created_at=tx.now, message=message
+    )
+    conn.execute(
+        "INSERT INTO message (seq, id, conversation_id, type, created_at, payload) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (seq, message_id, conversation_id, event_type(message), tx.now, encode(message)),  # type: ignore[arg-type]
+    )
+    return record
+
+
+def append_memory(
+    conn: sqlite3.Connection,
+    tx: Tx,
+    conversation_id: str,
+    item: WorkingItem,
+    source_message_id: str | None,
+) -> None:
+    conn.execute(
+        "INSERT INTO working_memory "
+        "(conversation_id, order_idx, source_message_id, created_at, payload) VALUES "
+        "(?, (SELECT COALESCE(MAX(order_idx), 0) + 1 FROM working_memory WHERE conversation_id=?), "
+        "?, ?, ?)",
+        (conversation_id, conversation_id, source_message_id, tx.now, encode(item)),
+    )
+
+
+def touch(conn: sqlite3.Connection, tx: Tx, conversation_id: str) -> None:
+    seq = alloc(tx)
+    bump(conn, conversation_id, seq, tx.now)
+    emit(conn, tx, seq, conversation_id,
+          Touched(conversation_id=conversation_id, updated_at=tx.now), kind="agent")
+
+
+def delete_conversation(conn: sqlite3.Connection, tx: Tx, conversation_id: str, reason: str) -> None:
+    seq = alloc(tx)
+    emit(conn, tx, seq, conversation_id, ConversationClosing(reason=reason), kind="conversation")
+    for table in ("message", "working_memory", "turn"):
+        conn.execute(f"DELETE FROM {table} WHERE conversation_id=?", (conversation_id,))
+    conn.execute("DELETE FROM conversation WHERE id=?", (conversation_id,))
+    seq = alloc(tx)
+    emit(conn, tx, seq, conversation_id, Deleted(conversation_id=conversation_id), kind="agent")
+
+
+def read_record(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecord:
+    row = conn.execute(
+        "SELECT id, title, is_temporal, created_at, updated_at, seq FROM conversation WHERE id=?",
+        (conversation_id,),
+    ).fetchone()
+    if row is None:
+        raise not_found(conversation_id)
+    return row_to_conversation(row)
+
+
+def row_to_conversation(row: tuple[Any, ...]) -> ConversationRecord:
+    return ConversationRecord(
+        id=row[0], title=row[1], is_temporal=bool(row[2]), created_at=row[3], updated_at=row[4],
+        seq=row[5],
+    )
