@@ -70,25 +70,85 @@ async def _durable_events_per_s(url: str, *, max_batch: int, writers: int,
     return writers * per_writer / elapsed, largest
 
 
+#: the reference loop of ../shared/SCALEOUT.md: a counter bump and the batch's rows in one
+#: autocommit statement with its NOTIFY; {tables} makes the rows
+_PLAIN = """WITH c AS (UPDATE counter SET v = v + %(n)s WHERE id = 1 RETURNING v - %(n)s AS base),
+{tables}
+SELECT c.base, pg_notify('bench', (c.base + %(n)s)::text) FROM c"""
+#: SCALEOUT.md's shape: an event = a journal row + an outbox row (~230 bytes), one index each
+_PLAIN_SMALL = """j AS (INSERT INTO bench_j SELECT c.base + r.rel, r.id, 'c', r.p FROM c,
+    unnest(%(rel)b::bigint[], %(id)b::text[], %(p)b::bytea[]) r(rel, id, p)),
+o AS (INSERT INTO bench_o SELECT c.base + r.rel, 'c', 'conversation', r.p FROM c,
+    unnest(%(rel)b::bigint[], %(p)b::bytea[]) r(rel, p))"""
+#: agentik's rows for one user message (outbox, message, turn: their sizes and indexes), no
+#: planning: what the one statement costs the server for this benchmark's events
+_PLAIN_SAME = """o AS (INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload)
+    SELECT c.base + r.rel, 'c', 'conversation', 1.0, r.p FROM c,
+    unnest(%(rel)b::bigint[], %(op)b::bytea[]) r(rel, p)),
+m AS (INSERT INTO message (seq, id, conversation_id, type, created_at, payload)
+    SELECT c.base + r.rel, r.id, 'c', 'user', 1.0, r.p FROM c,
+    unnest(%(rel)b::bigint[], %(id)b::text[], %(mp)b::bytea[]) r(rel, id, p)),
+t AS (INSERT INTO turn (id, conversation_id, state, seq)
+    SELECT r.id, 'c', 'queued', c.base + r.rel FROM c,
+    unnest(%(rel)b::bigint[], %(id)b::text[]) r(rel, id))"""
+
+
+def _plain_events_per_s(url: str, *, same_rows: bool, batch: int, batches: int) -> float:
+    """Plain psycopg, one connection, ``batches`` statements of ``batch`` events."""
+    import psycopg
+
+    from agentik.storage.pg_schema import migrate
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)  # the counter row (and agentik's tables, for same_rows)
+        conn.execute("CREATE TABLE bench_j (seq BIGINT PRIMARY KEY, id TEXT, cid TEXT, p BYTEA);"
+                     "CREATE TABLE bench_o (seq BIGINT PRIMARY KEY, cid TEXT, kind TEXT, p BYTEA)")
+        # payload sizes: SCALEOUT.md's ~230 bytes an event, or what agentik stores for a
+        # 200-character user message (its outbox event and its journal row)
+        sql = _PLAIN.format(tables=_PLAIN_SAME if same_rows else _PLAIN_SMALL)
+        op, mp = (b"x" * 470, b"x" * 280) if same_rows else (b"x" * 115, b"x" * 115)
+        rel = list(range(1, batch + 1))
+        start = time.perf_counter()
+        for i in range(batches):
+            conn.execute(sql, {"n": batch, "rel": rel, "id": [f"{i}-{k}" for k in rel],
+                               "p": [op] * batch, "op": [op] * batch, "mp": [mp] * batch})
+        return batch * batches / (time.perf_counter() - start)
+
+
 async def pg_group_commit(quick: bool) -> dict[str, Any]:
     """Durable events/s through the PostgreSQL StorageActor (each event: a journal row, an outbox
     row, a turn row and the conversation's seq, in the one-statement commit that bumps the
-    counter), 256 concurrent writers: group commit (batches up to 512) vs one commit per event
-    (max_batch=1, 64 writers), same run; events reach the node's hub through its feed before a
-    writer is answered."""
-    per_writer = 10 if quick else 40
+    counter); events reach the node's hub through its feed before a writer is answered. Group
+    commit with 256 concurrent writers (batches up to 512) and at batch 100 (200 writers,
+    ``max_batch=100``) vs one commit per event (``max_batch=1``, 64 writers), and in the same run
+    the plain psycopg loop of ../shared/SCALEOUT.md at batch 100: its event shape (journal +
+    outbox row, ~230 bytes) and this benchmark's rows (no planning, no actor, no feed)."""
+    per_writer = 25 if quick else 100
+    batches = 50 if quick else 200
     with pg_schema() as url:
         grouped, largest = await _durable_events_per_s(url, max_batch=512, writers=256,
                                                        per_writer=per_writer)
     with pg_schema() as url:
+        at100, _ = await _durable_events_per_s(url, max_batch=100, writers=200,
+                                               per_writer=per_writer)
+    with pg_schema() as url:
         single, _ = await _durable_events_per_s(url, max_batch=1, writers=64,
-                                                per_writer=per_writer)
+                                                per_writer=per_writer // 2)
+    with pg_schema() as url:
+        plain = await trio.to_thread.run_sync(
+            partial(_plain_events_per_s, url, same_rows=False, batch=100, batches=batches))
+    with pg_schema() as url:
+        plain_same = await trio.to_thread.run_sync(
+            partial(_plain_events_per_s, url, same_rows=True, batch=100, batches=batches))
     return {
         "name": "pg_group_commit",
         "events_per_s": round(grouped),
         "largest_batch": largest,
+        "batch100_events_per_s": round(at100),
         "baseline_events_per_s": round(single),
         "ratio": round(grouped / single, 1),
+        "plain_batch100_events_per_s": round(plain),
+        "plain_same_rows_batch100_events_per_s": round(plain_same),
     }
 
 

@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from agentik import metrics
 from agentik.config import Config
 from agentik.errors import ConfigError, LeaseLostError, NotFoundError, NotOwnerError
 from agentik.storage import ops
@@ -141,6 +142,33 @@ async def test_acknowledged_write_is_in_the_local_hub(pg_url: str) -> None:
         await create(a, "c1")
         record = await a.write(send("c1", "m1"))
         assert a.hub.current_cursor().offset == record.seq == 2
+
+
+async def test_own_commits_are_published_as_stored_and_counted(pg_url: str) -> None:
+    """A node publishes its own batch as its writer returned it (no read back) when nothing came
+    before it: the events its hub hands out are byte for byte what a reader decodes from the
+    outbox, and they count in agentik_events_committed as on SQLite."""
+    async with node(pg_url) as a:
+        assert a.feed is not None
+        await create(a, "c1")
+        own = a.feed.stats["own"]
+        committed = metrics.EVENTS_COMMITTED._value.get()
+        live: list[StoredEvent] = []
+        async with trio.open_nursery() as n:
+            async def watch() -> None:
+                async for batch in a.hub.stream(Cursor(epoch=a.epoch, offset=1)):
+                    live.extend(batch)
+                    if len(live) == 5:
+                        return
+            n.start_soon(watch)
+            await trio.testing.wait_all_tasks_blocked()
+            for i in range(5):
+                await a.write(send("c1", f"m{i}"))
+        stored = (await a.reader.outbox_page(1, None, None, 100))[2]
+        assert [(e.offset, e.raw) for e in live] == [(e.offset, e.raw) for e in stored]
+        assert [e.offset for e in live] == [2, 3, 4, 5, 6]
+        assert a.feed.stats["own"] - own == 5
+        assert metrics.EVENTS_COMMITTED._value.get() - committed == 5
 
 
 async def test_lost_listener_and_lost_notifications_cost_at_most_the_timer(pg_url: str) -> None:

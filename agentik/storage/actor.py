@@ -264,7 +264,7 @@ async def run_storage(
     try:
         async with trio.open_nursery() as nursery:
             if not writer.publishes_commits:
-                feed = storage.feed = Feed(url, pg_writer.channel, pg_reader, hub)
+                feed = storage.feed = Feed(url, pg_writer.channel, pg_reader, hub, pg_writer)
                 await nursery.start(feed.run)
                 storage.leases = leases
                 leases.write = storage.write
@@ -389,4 +389,4 @@ async def _commit(
     else:
         # Every node's events (this one's too) reach the hub through the feed, in global order;
         # callers are answered once their batch is published there.
-        feed.after(result.head, answer)
+        feed.own(result.events, result.oldest, result.head, answer)

@@ -12,7 +12,8 @@ nodes on one database). The contract both keep (SPEC §4, §12):
   are one contiguous range and gap detection is arithmetic;
 - events reach the hub only after their commit, in offset order. SQLite: the writer's own batch
   result is published (it is the only writer). PostgreSQL: a feed task reads the outbox after its
-  cursor and publishes every node's events, its own included (``publishes_commits`` False);
+  cursor and publishes every node's events in offset order (``publishes_commits`` False); its own
+  batch's events it publishes as the writer returned them when nothing came before them;
 - a failed batch is *transient* (the store refuses writes for now: disk or database full,
   read-only, I/O error, lost connection) unless the database said the batch itself is wrong
   (:func:`is_transient`); while writes are refused, the StorageActor probes the engine with
@@ -78,7 +79,8 @@ class WriterEngine(Protocol):
     #: the lowest retained offset (next_seq when the outbox is empty)
     oldest: int
     #: True: ``commit_batch``'s events are this node's to publish (SQLite). False: a feed
-    #: publishes every node's events (PostgreSQL) and ``BatchResult.events`` is empty.
+    #: publishes every node's events in offset order (PostgreSQL); ``BatchResult.events`` are
+    #: still the batch's committed events, for the feed and the commit metrics.
     publishes_commits: bool
 
     def commit_batch(self, batch: list[ops.AnyOp]) -> BatchResult: ...

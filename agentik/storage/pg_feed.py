@@ -1,16 +1,18 @@
 """The per-node feed (PostgreSQL): every node sees every event, once, in order.
 
 One task per node reads ``outbox WHERE offset > cursor ORDER BY offset LIMIT 1000`` and hands the
-rows to the local hub. It wakes on a NOTIFY of the schema's channel (a hint only: a notification
-sent while the listener is disconnected is lost), on this node's own commits, on every listener
-(re)connect, and on a 1 s timer, so a lost hint costs at most a second. Each page is checked for
-contiguity (``offset == cursor + 1``): the counter makes offsets dense and in commit order, so a
-jump can only mean that the outbox was trimmed past this node's cursor; then the hub's live
-subscribers are cut off and fall back to replay, which reports the gap (410) to their readers
-instead of skipping silently.
+rows to the local hub. It wakes on a NOTIFY of the schema's channel from another node (a hint
+only: a notification sent while the listener is disconnected is lost), on this node's own
+commits, on every listener (re)connect, and on a 1 s timer, so a lost hint costs at most a second.
+Each page is checked for contiguity (``offset == cursor + 1``): the counter makes offsets dense
+and in commit order, so a jump can only mean that the outbox was trimmed past this node's cursor;
+then the hub's live subscribers are cut off and fall back to replay, which reports the gap (410)
+to their readers instead of skipping silently.
 
-Writers are answered only once the feed has published their batch (``after``), so a caller that
-was acknowledged finds its events in the local hub, as with SQLite.
+This node's own batch is published as its writer returned it when every earlier offset already
+is (``own``: nothing read back or decoded), else read in order with the others'. Writers are
+answered only once the feed has published their batch, so a caller that was acknowledged finds
+its events in the local hub, as with SQLite.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from psycopg import sql
 
 from agentik.storage.hub import EventHub
 from agentik.storage.pg_reader import PgReader
+from agentik.storage.writer import StoredEvent
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +37,12 @@ TIMER = 1.0
 
 
 class Feed:
-    def __init__(self, url: str, channel: str, reader: PgReader, hub: EventHub) -> None:
+    def __init__(self, url: str, channel: str, reader: PgReader, hub: EventHub,
+                 writer: Any = None) -> None:
         self.url = url
+        #: this node's writer (``pg_writer.PgWriter``): its own commits reach the feed through
+        #: :meth:`own`, so their NOTIFYs (sent by its ``backend_pid``) wake nothing
+        self.writer = writer
         self.channel = channel
         self.reader = reader
         self.hub = hub
@@ -43,12 +50,26 @@ class Feed:
         self.cursor = hub.head
         self._wake = trio.Event()
         self._pending: list[tuple[int, Callable[[], None]]] = []
-        self.stats = {"wakeups": 0, "notifies": 0, "reconnects": 0, "pages": 0, "gaps": 0}
+        self.stats = {"wakeups": 0, "notifies": 0, "reconnects": 0, "pages": 0, "gaps": 0,
+                      "own": 0}
         #: the listener connection's server process id (None while disconnected)
         self.listener_pid: int | None = None
 
     def wake(self) -> None:
         self._wake.set()
+
+    def own(self, events: list[StoredEvent], oldest: int, head: int,
+            fn: Callable[[], None]) -> None:
+        """This node's committed batch (offsets up to ``head``); ``fn`` answers its writers.
+        When every earlier offset is already published, its events are published right away
+        (no read back, nothing decoded); else the feed reads them in order with the others'."""
+        if events and events[0].offset == self.cursor + 1 and not self._pending:
+            self.cursor = head
+            self.stats["own"] += 1
+            self.hub.publish(events, oldest, head)
+            fn()
+        else:
+            self.after(head, fn)
 
     def after(self, head: int, fn: Callable[[], None]) -> None:
         """Call ``fn`` once every event up to ``head`` is published (now, if it already is)."""
@@ -77,8 +98,12 @@ class Feed:
 
     async def _drain(self) -> None:
         while True:
-            oldest, head, rows = await self.reader.outbox_page(self.cursor, None, None, PAGE)
+            after = self.cursor
+            oldest, head, rows = await self.reader.outbox_page(after, None, None, PAGE)
             self.stats["pages"] += 1
+            full = len(rows) == PAGE
+            if self.cursor != after:  # this node's own batch was published meanwhile (``own``)
+                rows = [r for r in rows if r.offset > self.cursor]
             if rows and rows[0].offset != self.cursor + 1:
                 # Trimmed past our cursor before we read it: the live subscribers cannot be fed
                 # what is gone; cut them off so their replay reports the gap.
@@ -99,7 +124,7 @@ class Feed:
                 self.cursor = head
             self.hub.publish(good, oldest, self.cursor)
             self._answer()
-            if len(rows) < PAGE:
+            if not full:
                 return
 
     def _answer(self) -> None:
@@ -131,8 +156,10 @@ class Feed:
                     await trio.lowlevel.wait_readable(conn.fileno())
                     conn.pgconn.consume_input()
                     got = False
-                    while conn.pgconn.notifies() is not None:
-                        got = True
+                    mine = getattr(self.writer, "backend_pid", None)
+                    while (note := conn.pgconn.notifies()) is not None:
+                        if note.be_pid != mine:
+                            got = True
                     if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
                         raise psycopg.OperationalError("listener connection lost")
                     if got:

@@ -1,0 +1,399 @@
+"""Planning a PostgreSQL batch: each op is turned into rows with batch-relative offsets.
+
+The batch is planned in Python from one read of the rows it touches (``PgWriter._load``: the
+conversations, their working-memory length, ...). Each op is checked first and refused
+(AgentikError) before it takes anything, so a refusal never leaves a hole; then it adds rows with
+batch-relative offsets ``rel`` (1..n). The one commit statement (``pg_statement``) bumps the
+counter by ``n`` and stores every row at ``base + rel``. Because the offset is only known inside
+the statement, outbox payloads are stored with offset 0 in their cursor and records (readers
+stamp the real offset on read, ``pg_reader.stamp``); results go back to callers built from
+``base`` after commit (:data:`Result`), and so do this node's events (:meth:`Plan.events`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, assert_never
+
+import msgspec
+
+from agentik.errors import (
+    AgentikError,
+    ConflictError,
+    IdempotencyKeyReusedError,
+    NotFoundError,
+    StorageError,
+)
+from agentik.storage import ops
+from agentik.storage.pg_reader import stamp
+from agentik.storage.writer import StoredEvent
+from agentik.wire import (
+    AgentEvent,
+    AssistantMessageEvent,
+    CommonEvent,
+    CompactionTriggered,
+    ConversationClosing,
+    ConversationRecord,
+    Created,
+    Cursor,
+    Deleted,
+    DurableEvent,
+    Error,
+    ErrorEvent,
+    Interrupted,
+    Message,
+    MessageRecord,
+    Renamed,
+    SystemItem,
+    TaskUpdated,
+    ToolCallEvent,
+    ToolFailed,
+    ToolResultEvent,
+    Touched,
+    UserMessageEvent,
+    WorkingItem,
+    encode,
+    event_type,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Conv:
+    id: str
+    title: str | None
+    is_temporal: bool
+    created_at: float
+    updated_at: float
+    #: absolute seq as read, or None once the batch changed it (then ``rel`` is its offset)
+    seq: int | None
+    rel: int | None
+    in_db: bool
+    max_order: int
+
+    def record(self, base: int) -> ConversationRecord:
+        seq = self.seq if self.rel is None else base + self.rel
+        return ConversationRecord(id=self.id, title=self.title, is_temporal=self.is_temporal,
+                                  created_at=self.created_at, updated_at=self.updated_at,
+                                  seq=seq if seq is not None else 0)
+
+
+#: a result known once the batch's base offset is: ``fn(base)``
+Result = Callable[[int], Any]
+
+
+def _const(value: Any) -> Result:
+    return lambda base: value
+
+
+@dataclass
+class Plan:
+    epoch: str
+    now: float
+    n: int = 0
+    conv: dict[str, Conv | None] = field(default_factory=dict)
+    #: (rel, conversation_id, kind, payload: the CommonEvent encoded with offset 0, the event)
+    outbox: list[tuple[int, str | None, str, bytes, CommonEvent]] = field(default_factory=list)
+    messages: list[tuple[int, str, str, str, bytes]] = field(default_factory=list)
+    memory: list[tuple[str, int, str | None, bytes]] = field(default_factory=list)
+    memory_cut: list[tuple[str, int, int]] = field(default_factory=list)
+    #: turns inserted by this batch: id -> (conversation_id, state, rel)
+    turns: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    turns_running: list[str] = field(default_factory=list)
+    turns_deleted: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    #: A2A task seqs as read (absolute) or written by this batch ("rel", r)
+    tasks: dict[str, int | tuple[str, int] | None] = field(default_factory=dict)
+    task_rows: list[tuple[str, str, str | None, str, int, bytes]] = field(default_factory=list)
+    #: pre-read for ops that need more than the conversation rows
+    compact_first: dict[str, int | None] = field(default_factory=dict)
+    #: RecoverTurns' open turns by its conversation filter: (turn id, conversation id), orphans
+    open_turns: dict[str | None, tuple[list[tuple[str, str]], list[str]]] = field(
+        default_factory=dict)
+    temporary: list[str] | None = None
+    #: conversations created by this batch (their owner row is this node's, fence 1)
+    created: list[str] = field(default_factory=list)
+    #: Idempotency-Keys of the batch's ops: key -> (fingerprint, result id) stored and not
+    #: expired, or planned by an earlier op of this batch; None when free
+    idem: dict[str, tuple[str, str] | None] = field(default_factory=dict)
+    #: (key, fingerprint, result id, expires_at) to insert with the batch
+    idem_rows: list[tuple[str, str, str, float]] = field(default_factory=list)
+    #: ops refused before planning (lease checks): index -> error
+    refused: dict[int, AgentikError] = field(default_factory=dict)
+
+    # --- building blocks -------------------------------------------------------------------------
+
+    def alloc(self) -> int:
+        """The next batch-relative offset, 1..n (the stored offset is base + rel)."""
+        self.n += 1
+        return self.n
+
+    def require(self, conversation_id: str) -> Conv:
+        conv = self.conv.get(conversation_id)
+        if conv is None:
+            raise NotFoundError(f"conversation {conversation_id!r} not found")
+        return conv
+
+    def bump(self, conv: Conv, rel: int, *, touch: bool = False, **changes: Any) -> Conv:
+        if touch:
+            changes["updated_at"] = self.now
+        new = dataclasses.replace(conv, seq=None, rel=rel, **changes)
+        self.conv[conv.id] = new
+        return new
+
+    def emit(self, rel: int, conversation_id: str | None, event: DurableEvent | AgentEvent,
+             kind: str) -> None:
+        common = CommonEvent(cursor=Cursor(epoch=self.epoch, offset=0),
+                             conversation_id=conversation_id, event=event)
+        self.outbox.append((rel, conversation_id, kind, encode(common), common))
+
+    def events(self, base: int) -> list[StoredEvent]:
+        """The batch's events as committed at ``base``, stamped as a reader would stamp them."""
+        out = []
+        for rel, cid, kind, _, common in sorted(self.outbox, key=lambda o: o[0]):
+            stamped = stamp(common, base + rel)
+            out.append(StoredEvent(base + rel, cid, kind, stamped, encode(stamped)))
+        return out
+
+    def journal(self, conv: Conv, message_id: str, message: Message) -> tuple[int, MessageRecord]:
+        rel = self.alloc()
+        self.bump(conv, rel)
+        record = MessageRecord(id=message_id, seq=0, conversation_id=conv.id, created_at=self.now,
+                               message=message)
+        self.messages.append((rel, message_id, conv.id, event_type(message), encode(message)))  # type: ignore[arg-type]
+        return rel, record
+
+    def remember(self, conversation_id: str, item: WorkingItem, source: str | None,
+                 order_idx: int | None = None) -> None:
+        conv = self.require(conversation_id)
+        if order_idx is None:
+            order_idx = conv.max_order + 1
+            self.conv[conversation_id] = dataclasses.replace(conv, max_order=order_idx)
+        self.memory.append((conversation_id, order_idx, source, encode(item)))
+
+    def touch(self, conversation_id: str) -> None:
+        rel = self.alloc()
+        self.bump(self.require(conversation_id), rel, touch=True)
+        self.emit(rel, conversation_id,
+                  Touched(conversation_id=conversation_id, updated_at=self.now), "agent")
+
+    def delete(self, conversation_id: str, reason: str) -> None:
+        conv = self.require(conversation_id)
+        self.emit(self.alloc(), conversation_id, ConversationClosing(reason=reason), "conversation")
+        # rows this batch planned for it go too (the statement cannot see its own inserts)
+        self.messages = [m for m in self.messages if m[2] != conversation_id]
+        self.memory = [m for m in self.memory if m[0] != conversation_id]
+        self.turns = {k: v for k, v in self.turns.items() if v[0] != conversation_id}
+        if conv.in_db:
+            self.deleted.append(conversation_id)
+        self.conv[conversation_id] = None
+        self.emit(self.alloc(), conversation_id, Deleted(conversation_id=conversation_id), "agent")
+
+
+def _stamped(record: MessageRecord, rel: int) -> Result:
+    return lambda base: msgspec.structs.replace(record, seq=base + rel)
+
+
+# --- one function per op: check first (refusals take nothing), then plan --------------------------
+
+
+def _create(p: Plan, op: ops.CreateConversation) -> Result:
+    if p.conv.get(op.conversation_id) is not None:
+        raise StorageError(f"conversation {op.conversation_id!r} already exists")
+    rel = p.alloc()
+    conv = Conv(op.conversation_id, op.title, op.is_temporal, p.now, p.now, None, rel,
+                 in_db=False, max_order=0)
+    p.conv[conv.id] = conv
+    p.remember(conv.id, SystemItem(text=op.system_prompt), None)
+    p.emit(rel, conv.id, Created(conversation=conv.record(-rel)), "agent")
+    p.created.append(conv.id)
+    return lambda base: conv.record(base)
+
+
+def _delete_op(p: Plan, op: ops.DeleteConversation) -> Result:
+    if p.conv.get(op.conversation_id) is None:
+        return _const(False)
+    p.delete(op.conversation_id, "deleted")
+    return _const(True)
+
+
+def _rename(p: Plan, op: ops.RenameConversation) -> Result:
+    conv = p.require(op.conversation_id)
+    rel = p.alloc()
+    conv = p.bump(conv, rel, touch=True, title=op.title)
+    p.emit(rel, conv.id, Renamed(conversation_id=conv.id, title=op.title, updated_at=p.now),
+           "agent")
+    return lambda base: conv.record(base)
+
+
+def _append_user(p: Plan, op: ops.AppendUserMessage) -> Result:
+    rel, record = p.journal(p.require(op.conversation_id), op.message_id, op.message)
+    p.turns[op.message_id] = (op.conversation_id, "queued", rel)
+    p.emit(rel, op.conversation_id, UserMessageEvent(record=record), "conversation")
+    return _stamped(record, rel)
+
+
+def _start_turn(p: Plan, op: ops.StartTurn) -> Result:
+    p.require(op.conversation_id)
+    p.remember(op.conversation_id, op.item, op.turn_id)
+    queued = p.turns.get(op.turn_id)
+    if queued is not None:
+        p.turns[op.turn_id] = (queued[0], "running", queued[2])
+    else:
+        p.turns_running.append(op.turn_id)
+    return _const(None)
+
+
+def _tool_calls(p: Plan, op: ops.AppendToolCalls) -> Result:
+    p.require(op.conversation_id)
+    made: list[Result] = []
+    for message_id, call in op.calls:
+        rel, record = p.journal(p.require(op.conversation_id), message_id, call)
+        p.emit(rel, op.conversation_id, ToolCallEvent(record=record), "conversation")
+        made.append(_stamped(record, rel))
+    p.remember(op.conversation_id, op.item, None)
+    return lambda base: [fn(base) for fn in made]
+
+
+def _tool_result(p: Plan, op: ops.AppendToolResult) -> Result:
+    rel, record = p.journal(p.require(op.conversation_id), op.message_id, op.result)
+    event: DurableEvent = (
+        ToolFailed(record=record) if op.result.is_error else ToolResultEvent(record=record)
+    )
+    p.emit(rel, op.conversation_id, event, "conversation")
+    p.remember(op.conversation_id, op.item, op.message_id)
+    return _stamped(record, rel)
+
+
+def _finish_turn(p: Plan, op: ops.FinishTurn) -> Result:
+    cid = op.conversation_id
+    p.require(cid)
+    made: list[Result] = []
+    if op.assistant is not None:
+        message_id, answer = op.assistant
+        rel, record = p.journal(p.require(cid), message_id, answer)
+        p.emit(rel, cid, AssistantMessageEvent(record=record), "conversation")
+        if op.item is not None:
+            p.remember(cid, op.item, message_id)
+        made.append(_stamped(record, rel))
+    if op.interrupted:
+        rel = p.alloc()
+        p.bump(p.require(cid), rel)
+        p.emit(rel, cid, Interrupted(turn_id=op.turn_id), "conversation")
+    if op.error is not None:
+        message_id, error = op.error
+        rel, record = p.journal(p.require(cid), message_id, error)
+        p.emit(rel, cid, ErrorEvent(record=record), "conversation")
+        made.append(_stamped(record, rel))
+    if op.turn_id is not None:
+        if p.turns.pop(op.turn_id, None) is None:
+            p.turns_deleted.append(op.turn_id)
+    p.touch(cid)
+    return lambda base: [fn(base) for fn in made]
+
+
+def _compact(p: Plan, op: ops.Compact) -> Result:
+    cid = op.conversation_id
+    p.require(cid)
+    first = p.compact_first.get(cid)
+    p.memory_cut.append((cid, first if first is not None else op.before_order_idx,
+                         op.before_order_idx))
+    if op.summary is not None and first is not None:
+        p.remember(cid, op.summary, None, order_idx=first)
+    rel = p.alloc()
+    p.bump(p.require(cid), rel)
+    p.emit(rel, cid, CompactionTriggered(dropped_items=op.dropped,
+                                         summary=getattr(op.summary, "text", None)),
+           "conversation")
+    return _const(None)
+
+
+def _recover_turns(p: Plan, op: ops.RecoverTurns) -> Result:
+    open_turns, orphans = p.open_turns.pop(op.conversation_id, ([], []))
+    closed = 0
+    for turn_id, cid in open_turns:
+        if p.conv.get(cid) is None:
+            continue
+        error = Error(message=op.message, code=op.code, turn_id=turn_id)
+        rel, record = p.journal(p.require(cid), uuid.uuid4().hex, error)
+        p.emit(rel, cid, ErrorEvent(record=record), "conversation")
+        p.touch(cid)
+        p.turns_deleted.append(turn_id)
+        closed += 1
+    p.turns_deleted.extend(orphans)
+    return _const(closed)
+
+
+def _purge_temporary(p: Plan, op: ops.PurgeTemporary) -> Result:
+    ids, p.temporary = p.temporary or [], []
+    for cid in ids:
+        if p.conv.get(cid) is not None:
+            p.delete(cid, "temporary conversation ended by restart")
+    return _const(len(ids))
+
+
+def _put_a2a_task(p: Plan, op: ops.PutA2ATask) -> Result:
+    stored = p.tasks.get(op.task_id)
+    if isinstance(stored, tuple) or stored != op.expect_seq:
+        shown = "changed in this batch" if isinstance(stored, tuple) else f"at seq {stored}"
+        raise ConflictError(f"task {op.task_id!r} is {shown}, the change expected {op.expect_seq}")
+    rel = p.alloc()
+    p.tasks[op.task_id] = ("rel", rel)
+    p.task_rows.append((op.task_id, op.context_id, op.conversation_id, op.state, rel, op.task))
+    p.emit(rel, op.conversation_id,
+           TaskUpdated(task_id=op.task_id, context_id=op.context_id, state=op.state,
+                       update=msgspec.Raw(op.update)), "a2a")
+    return lambda base: base + rel
+
+
+def _idempotent(p: Plan, idem: ops.Idempotency | None, result_id: str,
+                write: Callable[[], Result]) -> Result:
+    """The SQLite writer's ``_idempotent``, planned: a stored (or earlier in this batch) key
+    replays its first answer, another body with it is refused, a free key is stored with
+    the write in the batch's one statement."""
+    if idem is None:
+        return write()
+    known = p.idem.get(idem.key)
+    if known is not None:
+        if known[0] != idem.fingerprint:
+            raise IdempotencyKeyReusedError(
+                "this Idempotency-Key was already used with another request"
+            )
+        return _const(ops.Replayed(result_id=known[1]))
+    result = write()
+    p.idem[idem.key] = (idem.fingerprint, result_id)
+    p.idem_rows.append((idem.key, idem.fingerprint, result_id, p.now + idem.ttl))
+    return result
+
+
+def plan_op(p: Plan, op: ops.AnyOp) -> Result:
+    match op:
+        case ops.CreateConversation():
+            return _idempotent(p, op.idempotency, op.conversation_id, lambda: _create(p, op))
+        case ops.DeleteConversation():
+            return _delete_op(p, op)
+        case ops.RenameConversation():
+            return _rename(p, op)
+        case ops.AppendUserMessage():
+            return _idempotent(p, op.idempotency, op.message_id, lambda: _append_user(p, op))
+        case ops.StartTurn():
+            return _start_turn(p, op)
+        case ops.AppendToolCalls():
+            return _tool_calls(p, op)
+        case ops.AppendToolResult():
+            return _tool_result(p, op)
+        case ops.FinishTurn():
+            return _finish_turn(p, op)
+        case ops.Compact():
+            return _compact(p, op)
+        case ops.RecoverTurns():
+            return _recover_turns(p, op)
+        case ops.PurgeTemporary():
+            return _purge_temporary(p, op)
+        case ops.PutA2ATask():
+            return _put_a2a_task(p, op)
+        case _:
+            assert_never(op)
+

@@ -1,0 +1,183 @@
+"""The one statement that commits a planned PostgreSQL batch (``pg_plan.Plan``).
+
+A data-modifying CTE: ``c`` bumps the single counter row by the number of offsets the batch uses
+(its lock is held only while the server runs this statement, never across a round trip or Python
+work, so offsets are dense and in commit order across nodes at full speed, SCALEOUT.md), every
+other part inserts or deletes rows at ``base + rel`` and joins ``c``, so when ``c`` updates
+nothing (a lease check failed) nothing is stored; the final SELECT returns ``base`` and NOTIFYs
+the schema's channel (a wake-up hint carrying the head).
+
+Only the parts a batch needs are in its statement (a batch of user messages has no A2A upsert,
+no deletes, ...): fewer parts to plan and run on the server, fewer arrays to dump on the client.
+The few shapes that occur are kept, so psycopg converts and prepares each once. Row arrays go as
+binary parameters (``%(x)b``): dumping them as text costs several times more.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from agentik.storage.pg_fence import Ownership
+from agentik.storage.pg_plan import Plan
+
+#: the lease checks (``pg_fence``): this node's fences still current, no live other owner
+_F = """f AS (SELECT x.conversation_id FROM conv_owner x
+    JOIN unnest(%(f_cid)b::text[], %(f_fence)b::bigint[]) AS r(cid, fence) ON x.conversation_id = r.cid
+    WHERE x.node_id = %(me)s AND x.fence = r.fence FOR SHARE OF x)"""
+_G = """g AS (SELECT x.conversation_id FROM conv_owner x JOIN nodes y ON y.node_id = x.node_id
+    WHERE x.conversation_id = ANY(%(u_cid)b::text[]) AND x.node_id <> %(me)s
+      AND y.heartbeat_at > now() - make_interval(secs => %(ttl)s) FOR SHARE OF x)"""
+_C = "c AS (UPDATE counter SET v = v + %(n)s WHERE id = 1{checks} RETURNING v - %(n)s AS base)"
+_CHECK_F = " AND (SELECT count(*) FROM f) = %(f_n)s"
+_CHECK_G = " AND NOT EXISTS (SELECT 1 FROM g)"
+
+_OWNER_NEW = """oi AS (INSERT INTO conv_owner (conversation_id, node_id, fence)
+    SELECT r.id, %(me)s, 1 FROM c, unnest(%(new)b::text[]) AS r(id)
+    ON CONFLICT (conversation_id) DO NOTHING)"""
+_OUTBOX = """o AS (INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload)
+    SELECT c.base + r.rel, r.cid, r.kind, %(now)s, r.payload FROM c,
+    unnest(%(o_rel)b::bigint[], %(o_cid)b::text[], %(o_kind)b::text[], %(o_payload)b::bytea[])
+    AS r(rel, cid, kind, payload))"""
+_MESSAGE = """m AS (INSERT INTO message (seq, id, conversation_id, type, created_at, payload)
+    SELECT c.base + r.rel, r.id, r.cid, r.type, %(now)s, r.payload FROM c,
+    unnest(%(m_rel)b::bigint[], %(m_id)b::text[], %(m_cid)b::text[], %(m_type)b::text[],
+           %(m_payload)b::bytea[]) AS r(rel, id, cid, type, payload))"""
+_CONVERSATION = """cv AS (INSERT INTO conversation (id, title, is_temporal, created_at, updated_at, seq)
+    SELECT r.id, r.title, r.temp, r.created, r.updated, c.base + r.rel FROM c,
+    unnest(%(c_id)b::text[], %(c_title)b::text[], %(c_temp)b::boolean[],
+           %(c_created)b::float8[], %(c_updated)b::float8[], %(c_rel)b::bigint[])
+    AS r(id, title, temp, created, updated, rel)
+    ON CONFLICT (id) DO UPDATE
+    SET title = EXCLUDED.title, updated_at = EXCLUDED.updated_at, seq = EXCLUDED.seq)"""
+_MEMORY = """w AS (INSERT INTO working_memory (conversation_id, order_idx, source_message_id,
+                                   created_at, payload)
+    SELECT r.cid, r.idx, r.src, %(now)s, r.payload FROM c,
+    unnest(%(w_cid)b::text[], %(w_idx)b::int[], %(w_src)b::text[], %(w_payload)b::bytea[])
+    AS r(cid, idx, src, payload))"""
+_MEMORY_CUT = """wd AS (DELETE FROM working_memory x USING c,
+    unnest(%(wd_cid)b::text[], %(wd_lo)b::int[], %(wd_hi)b::int[]) AS r(cid, lo, hi)
+    WHERE x.conversation_id = r.cid AND x.order_idx >= r.lo AND x.order_idx < r.hi)"""
+_TURN = """ti AS (INSERT INTO turn (id, conversation_id, state, seq)
+    SELECT r.id, r.cid, r.state, c.base + r.rel FROM c,
+    unnest(%(t_id)b::text[], %(t_cid)b::text[], %(t_state)b::text[], %(t_rel)b::bigint[])
+    AS r(id, cid, state, rel))"""
+_TURN_RUN = """tr AS (UPDATE turn SET state = 'running' FROM c WHERE turn.id = ANY(%(t_run)b::text[]))"""
+_TURN_END = """td AS (DELETE FROM turn USING c
+    WHERE turn.id = ANY(%(t_del)b::text[]) OR turn.conversation_id = ANY(%(del)b::text[]))"""
+#: a deleted conversation's rows (its outbox rows stay: they are the stream's history)
+_DELETED = """dm AS (DELETE FROM message USING c WHERE message.conversation_id = ANY(%(del)b::text[])),
+dw AS (DELETE FROM working_memory USING c WHERE working_memory.conversation_id = ANY(%(del)b::text[])),
+dc AS (DELETE FROM conversation USING c WHERE conversation.id = ANY(%(del)b::text[])),
+od AS (DELETE FROM conv_owner USING c WHERE conv_owner.conversation_id = ANY(%(del)b::text[]))"""
+_TASK = """a AS (INSERT INTO a2a_task (id, context_id, conversation_id, state, created_at,
+                             updated_at, first_seq, seq, payload)
+    SELECT r.id, r.ctx, r.cid, r.state, %(now)s, %(now)s, c.base + r.rel, c.base + r.rel, r.payload
+    FROM c, unnest(%(a_id)b::text[], %(a_ctx)b::text[], %(a_cid)b::text[], %(a_state)b::text[],
+                   %(a_rel)b::bigint[], %(a_payload)b::bytea[]) AS r(id, ctx, cid, state, rel, payload)
+    ON CONFLICT (id) DO UPDATE
+    SET conversation_id = EXCLUDED.conversation_id, state = EXCLUDED.state,
+        updated_at = EXCLUDED.updated_at, seq = EXCLUDED.seq, payload = EXCLUDED.payload)"""
+#: expired Idempotency-Keys go with every batch (but not those the batch stores again)
+_KEYS_EXPIRED = """ik AS (DELETE FROM idempotency_key USING c WHERE idempotency_key.expires_at <= %(now)s
+    AND NOT idempotency_key.key = ANY(%(i_key)b::text[]))"""
+_KEYS = """ii AS (INSERT INTO idempotency_key (key, fingerprint, result_id, created_at, expires_at)
+    SELECT r.key, r.fp, r.rid, %(now)s, r.exp
+    FROM c, unnest(%(i_key)b::text[], %(i_fp)b::text[], %(i_rid)b::text[],
+                   %(i_exp)b::float8[]) AS r(key, fp, rid, exp)
+    ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint,
+        result_id = EXCLUDED.result_id, created_at = EXCLUDED.created_at,
+        expires_at = EXCLUDED.expires_at)"""
+#: trimming removes only a prefix of offsets (cap, then TTL), so what is retained stays one
+#: contiguous range. The TTL's bound is found through outbox_by_time (one index descent): the
+#: newest row older than the cutoff; everything up to its offset goes.
+_TRIM = """tc AS (DELETE FROM outbox USING c WHERE outbox."offset" <= c.base + %(n)s - %(cap)s),
+tb AS (SELECT "offset" FROM outbox WHERE created_at < %(cutoff)s ORDER BY created_at DESC LIMIT 1),
+tt AS (DELETE FROM outbox WHERE "offset" <= (SELECT "offset" FROM tb))"""
+#: base, the NOTIFY, and what the oldest retained offset is computed from: the lowest offset
+#: before this statement and the TTL trim's bound
+_RESULT = """SELECT c.base, CASE WHEN %(n)s > 0 THEN pg_notify(%(chan)s, (c.base + %(n)s)::text) END,
+    (SELECT min("offset") FROM outbox), (SELECT "offset" FROM tb) FROM c"""
+
+
+@lru_cache(maxsize=256)
+def _sql(parts: tuple[str, ...]) -> str:
+    return "WITH " + ",\n".join(parts) + "\n" + _RESULT
+
+
+def commit_statement(
+    p: Plan, own: Ownership, *, channel: str, outbox_cap: int, outbox_ttl: float
+) -> tuple[str, dict[str, Any]]:
+    """The statement committing ``p`` and its parameters (only those its parts use)."""
+    parts: list[str] = []
+    args: dict[str, Any] = {"n": p.n, "now": p.now, "chan": channel, "cap": outbox_cap,
+                            "cutoff": p.now - outbox_ttl}
+    checks = ""
+    if own.fenced or own.unfenced or p.created:
+        args["me"] = own.node_id
+    if own.fenced:
+        parts.append(_F)
+        checks += _CHECK_F
+        args.update(f_cid=own.fenced, f_fence=own.fences, f_n=len(own.fenced))
+    if own.unfenced:
+        parts.append(_G)
+        checks += _CHECK_G
+        args.update(u_cid=own.unfenced, ttl=own.ttl)
+    parts.append(_C.format(checks=checks))
+    if p.created:
+        parts.append(_OWNER_NEW)
+        args["new"] = p.created
+    if p.outbox:
+        parts.append(_OUTBOX)
+        o = p.outbox
+        args.update(o_rel=[r[0] for r in o], o_cid=[r[1] for r in o], o_kind=[r[2] for r in o],
+                    o_payload=[r[3] for r in o])
+    if p.messages:
+        parts.append(_MESSAGE)
+        m = p.messages
+        args.update(m_rel=[r[0] for r in m], m_id=[r[1] for r in m], m_cid=[r[2] for r in m],
+                    m_type=[r[3] for r in m], m_payload=[r[4] for r in m])
+    dirty = [c for c in p.conv.values() if c is not None and c.rel is not None]
+    if dirty:
+        parts.append(_CONVERSATION)
+        args.update(c_id=[c.id for c in dirty], c_title=[c.title for c in dirty],
+                    c_temp=[c.is_temporal for c in dirty],
+                    c_created=[c.created_at for c in dirty],
+                    c_updated=[c.updated_at for c in dirty], c_rel=[c.rel for c in dirty])
+    if p.memory:
+        parts.append(_MEMORY)
+        w = p.memory
+        args.update(w_cid=[r[0] for r in w], w_idx=[r[1] for r in w], w_src=[r[2] for r in w],
+                    w_payload=[r[3] for r in w])
+    if p.memory_cut:
+        parts.append(_MEMORY_CUT)
+        cut = p.memory_cut
+        args.update(wd_cid=[r[0] for r in cut], wd_lo=[r[1] for r in cut],
+                    wd_hi=[r[2] for r in cut])
+    if p.turns:
+        parts.append(_TURN)
+        t = list(p.turns.items())
+        args.update(t_id=[r[0] for r in t], t_cid=[r[1][0] for r in t],
+                    t_state=[r[1][1] for r in t], t_rel=[r[1][2] for r in t])
+    if p.turns_running:
+        parts.append(_TURN_RUN)
+        args["t_run"] = p.turns_running
+    if p.turns_deleted or p.deleted:
+        parts.append(_TURN_END)
+        args.update(t_del=p.turns_deleted, **{"del": p.deleted})
+    if p.deleted:
+        parts.append(_DELETED)
+    if p.task_rows:
+        parts.append(_TASK)
+        a = p.task_rows
+        args.update(a_id=[r[0] for r in a], a_ctx=[r[1] for r in a], a_cid=[r[2] for r in a],
+                    a_state=[r[3] for r in a], a_rel=[r[4] for r in a],
+                    a_payload=[r[5] for r in a])
+    parts.append(_KEYS_EXPIRED)
+    i = p.idem_rows
+    args["i_key"] = [r[0] for r in i]
+    if i:
+        parts.append(_KEYS)
+        args.update(i_fp=[r[1] for r in i], i_rid=[r[2] for r in i], i_exp=[r[3] for r in i])
+    parts.append(_TRIM)
+    return _sql(tuple(parts)), args
