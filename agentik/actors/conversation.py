@@ -30,6 +30,7 @@ from agentik.actors import compaction, summary
 from agentik.actors import turn as logic
 from agentik.actors.ending import TurnEndings, turn_fields
 from agentik.actors.handle import ConversationHandle
+from agentik.actors.memory import WorkingMemory
 from agentik.actors.messages import Turn
 from agentik.errors import (
     LlmContextOverflowError,
@@ -37,7 +38,6 @@ from agentik.errors import (
     ToolError,
 )
 from agentik.llm.base import LiteConversation, ToolSpec
-from agentik.storage.queries import working_memory
 from agentik.wire import (
     Content,
     OnlineEvent,
@@ -65,6 +65,8 @@ class ConversationActor(TurnEndings):
     def __init__(self, handle: ConversationHandle) -> None:
         self.h = handle
         self.deps = handle.deps
+        #: read once, then kept in step with this actor's writes (all through memory.write)
+        self.memory = WorkingMemory(handle.deps.storage, handle.conversation_id)
         self.llm_conv: LiteConversation | None = None
         self.llm_tools: tuple[ToolSpec, ...] = ()
         #: perf_counter at the running turn's start; None once its first delta was timed
@@ -189,7 +191,7 @@ class ConversationActor(TurnEndings):
             # MCP servers connect and change their tool lists in the background, and a session
             # is opened with a fixed tool list, so a changed list means a new session.
             await self.close_llm()
-        await deps.storage.write_until_stored(logic.start(state, turn.content))
+        await self.memory.write(logic.start(state, turn.content))
         content: Sequence[Content] | None = turn.content
         while True:
             logic.new_round(state)
@@ -202,7 +204,7 @@ class ConversationActor(TurnEndings):
             match logic.after_round(state, deps.config.max_tool_rounds):
                 case logic.RunTools(op=op, calls=calls):
                     try:
-                        await deps.storage.write_until_stored(op)
+                        await self.memory.write(op)
                     except trio.Cancelled:
                         logic.calls_not_stored(state)
                         raise
@@ -211,7 +213,7 @@ class ConversationActor(TurnEndings):
                         assert self.llm_conv is not None  # closed only before a round
                         self.llm_conv.add_tool_result(call.call_id, call.name, result.content)
                         try:
-                            await deps.storage.write_until_stored(logic.tool_done(state, result))
+                            await self.memory.write(logic.tool_done(state, result))
                         except trio.Cancelled:
                             logic.result_not_stored(state, call)
                             raise
@@ -283,10 +285,9 @@ class ConversationActor(TurnEndings):
         the engine keeps its KV cache). Returns the round's output budget. Raises _TooBig.
         This is also what recovers a conversation an earlier version let outgrow the window:
         its next round, after a cold load too, compacts it."""
-        cid = self.h.conversation_id
         deps = self.deps
         for attempt in range(3):
-            items = await deps.storage.reader.run(working_memory, cid)
+            items = await self.memory.items()
             budget = self._budget()
             plain = [item for _, item in items]
             counts = await deps.llm.count_tokens(plain) if budget else [0] * len(plain)
@@ -317,7 +318,7 @@ class ConversationActor(TurnEndings):
         cannot be made or does not fit (see compaction.py, summary.py)."""
         cid = self.h.conversation_id
         text = await summary.make_summary(self.deps.llm, cid, plan, budget)
-        await self.deps.storage.write_until_stored(compaction.compact_op(cid, plan, text))
+        await self.memory.write(compaction.compact_op(cid, plan, text))
 
     async def _run_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
         """Run one tool call; every failure becomes an error result (ToolFailed), never an

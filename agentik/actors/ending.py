@@ -20,6 +20,7 @@ import trio
 from agentik.actors import turn as logic
 from agentik.actors.deps import Deps
 from agentik.actors.handle import ConversationHandle
+from agentik.actors.memory import WorkingMemory
 from agentik.actors.messages import Turn
 from agentik.errors import NotFoundError, RuntimeClosedError, StorageError
 from agentik.storage import ops
@@ -38,6 +39,7 @@ class TurnEndings:
 
     h: ConversationHandle
     deps: Deps
+    memory: WorkingMemory
 
     async def close_llm(self) -> None:
         raise NotImplementedError
@@ -74,7 +76,7 @@ class TurnEndings:
         """Store the answer (retried while the store refuses writes), then End. If the database
         refuses the answer itself (not the store being full), the turn ends with that error."""
         try:
-            await self.deps.storage.write_until_stored(op)
+            await self.memory.write(op)
         except StorageError as exc:
             log.error("the answer of turn %s could not be stored: %s", state.turn_id, exc,
                       extra=turn_fields(self.h.conversation_id, state.turn_id))
@@ -101,7 +103,7 @@ class TurnEndings:
         rest over to the registry)."""
         fields = turn_fields(self.h.conversation_id, getattr(op, "turn_id", None))
         try:
-            await self.deps.storage.write_until_stored(op)
+            await self.memory.write(op)
         except NotFoundError:
             pass  # deleted meanwhile: nothing left to close
         except (StorageError, RuntimeClosedError) as exc:

@@ -22,6 +22,7 @@ itself. An online stream ends when its reader falls more than ``buffer`` events 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import trio
@@ -220,9 +221,12 @@ class EventHub:
     async def events(
         self, after: Cursor | None, *, conversation_id: str | None = None, kind: str | None = None
     ) -> AsyncGenerator[CommonEvent, None]:
-        async for batch in self.stream(after, conversation_id=conversation_id, kind=kind):
-            for ev in batch:
-                yield ev.event
+        # aclosing: closing this generator closes the inner one (and its subscription) at once,
+        # not whenever the garbage collector's finalizer task gets to it.
+        async with aclosing(self.stream(after, conversation_id=conversation_id, kind=kind)) as stream:
+            async for batch in stream:
+                for ev in batch:
+                    yield ev.event
 
     # --- online ----------------------------------------------------------------------------------
 
