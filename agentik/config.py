@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -163,6 +164,21 @@ class Config:
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def database(self) -> str:
+        """The database in use, for logs: the SQLite file, or the PostgreSQL URL with any
+        password masked."""
+        if self.database_url is None:
+            return self.db_path
+        parts = urllib.parse.urlsplit(self.database_url)
+        netloc = parts.netloc
+        userinfo, at, host = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+        query = "&".join("password=***" if q.lower().startswith("password=") else q
+                         for q in parts.query.split("&")) if parts.query else ""
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def _port(raw: str) -> int:

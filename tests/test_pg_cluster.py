@@ -266,6 +266,12 @@ def test_scaleout_settings() -> None:
     cfg = Config.from_env({"AGENTIK_DATABASE_URL": "postgresql://u@h/db", "AGENTIK_NODE_ID": "n1",
                            "AGENTIK_LEASE_TTL": "2.5"})
     assert (cfg.database_url, cfg.node_id, cfg.lease_ttl) == ("postgresql://u@h/db", "n1", 2.5)
+    # what the start-up log calls the database: the URL in use, never its password
+    assert cfg.database == "postgresql://u@h/db"
+    secret = Config.from_env({"AGENTIK_DATABASE_URL":
+                              "postgresql://u:s3cret@h:5432/db?password=s3cret&sslmode=require"})
+    assert secret.database == "postgresql://u:***@h:5432/db?password=***&sslmode=require"
+    assert Config.from_env({"AGENTIK_DB_PATH": "/x/a.db"}).database == "/x/a.db"
     for name, bad in [("AGENTIK_DATABASE_URL", "mysql://x"), ("AGENTIK_LEASE_TTL", "0")]:
         with pytest.raises(ConfigError) as info:
             Config.from_env({name: bad})

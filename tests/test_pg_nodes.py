@@ -165,6 +165,8 @@ async def test_two_nodes_senders_and_readers_see_one_sequence(
         try:
             epoch = (await clients[0].outbox.current_cursor()).epoch
             assert (await clients[1].outbox.current_cursor()).epoch == epoch
+            # the start-up log names the database in use (it once named the unused SQLite file)
+            assert f"agentik runtime started (database {pg_url}," in nodes[0].log()
             readers = [Reader(node) for node in nodes]
             conversations = [
                 (await clients[i % 2].create_conversation()).id for i in range(8)

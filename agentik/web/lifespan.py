@@ -55,7 +55,7 @@ async def start_runtime(app: QuartTrio, st: WebState) -> None:
             log.critical(message)
         process.end_failed_startup(exc)  # under hypercorn's CLI: leave now (see there)
         raise StartupFailed(message) from None
-    log.info("agentik runtime started (database %s, epoch %s)", st.config.db_path, st.require_agent().id)
+    log.info("agentik runtime started (database %s, epoch %s)", st.config.database, st.require_agent().id)
 
 
 async def hold_runtime(
