@@ -127,6 +127,19 @@ def commit_statement(
     if p.created:
         parts.append(_OWNER_NEW)
         args["new"] = p.created
+    _state_rows(p, parts, args)
+    parts.append(_KEYS_EXPIRED)
+    i = p.idem_rows
+    args["i_key"] = [r[0] for r in i]
+    if i:
+        parts.append(_KEYS)
+        args.update(i_fp=[r[1] for r in i], i_rid=[r[2] for r in i], i_exp=[r[3] for r in i])
+    parts.append(_TRIM)
+    return _sql(tuple(parts)), args
+
+
+def _state_rows(p: Plan, parts: list[str], args: dict[str, Any]) -> None:
+    """The parts (and their row arrays) for the batch's outbox and state rows."""
     if p.outbox:
         parts.append(_OUTBOX)
         o = p.outbox
@@ -173,11 +186,3 @@ def commit_statement(
         args.update(a_id=[r[0] for r in a], a_ctx=[r[1] for r in a], a_cid=[r[2] for r in a],
                     a_state=[r[3] for r in a], a_rel=[r[4] for r in a],
                     a_payload=[r[5] for r in a])
-    parts.append(_KEYS_EXPIRED)
-    i = p.idem_rows
-    args["i_key"] = [r[0] for r in i]
-    if i:
-        parts.append(_KEYS)
-        args.update(i_fp=[r[1] for r in i], i_rid=[r[2] for r in i], i_exp=[r[3] for r in i])
-    parts.append(_TRIM)
-    return _sql(tuple(parts)), args
