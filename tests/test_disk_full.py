@@ -28,7 +28,9 @@ import pytest
 import trio
 import trio.testing
 
+from agentik.actors import turn as logic
 from agentik.errors import NotFoundError, StorageError, StorageUnavailableError
+from agentik.llm.base import TextDelta, ToolCallDelta
 from agentik.storage import ops
 from agentik.storage.actor import (
     Backoff,
@@ -37,6 +39,8 @@ from agentik.storage.actor import (
     _Request,
     retry_until_stored,
 )
+from agentik.tools.base import ToolOutcome
+from agentik.wire import AssistantItem, Text
 from tests.scripted_openai import Reply, ScriptedOpenAI
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
@@ -156,6 +160,40 @@ async def test_the_idle_writer_probes_with_backoff_until_writes_are_accepted(
     # 0.5 + 0.05, 0.1, 0.2, 0.4, 0.8, 1.0: the probe at 3.05 succeeds; none after it
     assert probes[3:] == [0.55, 0.65, 0.85, 1.25, 2.05, 3.05]
     assert health.writable and trio.current_time() - start == 20.5
+
+
+# --- a turn cut while the store refused one of its writes (pure turn logic) ----------------------
+
+
+def _round_with_calls() -> tuple[logic.TurnState, logic.RunTools]:
+    s = logic.TurnState(conversation_id="c", turn_id="t")
+    logic.new_round(s)
+    for delta in (TextDelta("Looking. "), ToolCallDelta(index=0, id="a", name="f"),
+                  ToolCallDelta(index=1, id="b", name="g")):
+        logic.apply_delta(s, delta)
+    step = logic.after_round(s, max_tool_rounds=8)
+    assert isinstance(step, logic.RunTools)
+    return s, step
+
+
+def test_calls_not_stored_leave_no_result_and_keep_the_round_text() -> None:
+    """The round's calls were never stored (an interrupt during their retry): the ending
+    stores no ToolFailed for them and keeps the round's text in working memory itself."""
+    s, _ = _round_with_calls()
+    logic.calls_not_stored(s)
+    (finish,) = logic.end(s, logic.Interrupted())
+    assert isinstance(finish, ops.FinishTurn)
+    assert finish.item == AssistantItem(content=[Text(body="Looking. ")])
+
+
+def test_a_result_not_stored_makes_its_call_pending_again() -> None:
+    s, step = _round_with_calls()
+    result = logic.tool_result(s, step.calls[0], ToolOutcome(content="1"), 100)
+    logic.tool_done(s, result)  # made, then cut before it was stored
+    logic.result_not_stored(s, step.calls[0])
+    logic.result_not_stored(s, step.calls[0])  # twice changes nothing
+    *closed, _ = logic.end(s, logic.Interrupted())
+    assert [op.result.call_id for op in closed] == ["a", "b"]  # type: ignore[union-attr]
 
 
 # --- ways for a store to refuse writes --------------------------------------------------------------
@@ -333,6 +371,8 @@ async def test_store_refusing_writes_mid_turn_then_accepting_again(
             assert refusal.says in body["storage"]["error"], body
             assert refusal.says in body["reasons"][0], body
             assert (await client.get("/healthz")).status_code == 200  # liveness is not readiness
+            cut = await client.post(f"/agentik/conversations/{cid}/interrupt")
+            assert cut.json() == {"interrupted": False}  # its answer is made: it is being stored
             for i in range(3):  # sends: 503 while refused (a small one may still fit: then 202)
                 during = await send(client, cid, f"during {i} " + "y" * 4000)
                 if during is not None:
