@@ -46,7 +46,7 @@ from agentik.wire import (
 
 if TYPE_CHECKING:
     from agentik.config import Config
-    from agentik.storage.actor import StorageHealth
+    from agentik.storage.health import StorageHealth
     from agentik.storage.hub import EventHub
 
 __all__ = [

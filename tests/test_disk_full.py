@@ -32,13 +32,8 @@ from agentik.actors import turn as logic
 from agentik.errors import NotFoundError, StorageError, StorageUnavailableError
 from agentik.llm.base import TextDelta, ToolCallDelta
 from agentik.storage import ops
-from agentik.storage.actor import (
-    Backoff,
-    StorageHealth,
-    _next_batch,
-    _Request,
-    retry_until_stored,
-)
+from agentik.storage.actor import _next_batch, _Request
+from agentik.storage.health import Backoff, StorageHealth, retry_until_stored
 from agentik.tools.base import ToolOutcome
 from agentik.wire import AssistantItem, Text
 from tests.scripted_openai import Reply, ScriptedOpenAI

@@ -256,8 +256,6 @@ LONG_REASON = re.compile(r"over 60 lines", re.I)
 #: known to be over, each to be split by its owner (issue 10); remove an entry once it is not
 TOO_LONG_FOR_NOW: set[str] = {
     "agentik/storage/pg_statement.py:commit_statement",  # helper "pg" (landed over 60 lines)
-    "agentik/storage/actor.py:run_storage",  # helper "disk"
-    "agentik/actors/handle.py:submit",  # helper "disk"
 }
 
 

@@ -112,6 +112,10 @@ class ConversationHandle:
             raise HandleClosed() from None
         if busy and policy == "interrupt":
             self.interrupt()
+        return await self._store(turn, idempotency)
+
+    async def _store(self, turn: Turn, idempotency: ops.Idempotency | None) -> str:
+        """Store the queued ``turn``'s user message and settle the turn (run it or skip it)."""
         ok = False
         try:
             # Shielded: once queued, the store must finish and settle the turn, or the actor
@@ -121,7 +125,7 @@ class ConversationHandle:
                     ops.AppendUserMessage(
                         conversation_id=self.conversation_id,
                         message_id=turn.turn_id,
-                        message=UserMessage(content=list(content), context=context),
+                        message=UserMessage(content=list(turn.content), context=turn.context),
                         idempotency=idempotency,
                     )
                 )

@@ -29,7 +29,7 @@ from agentik.errors import (
     StorageUnavailableError,
 )
 from agentik.storage import ops
-from agentik.storage.actor import RETRY
+from agentik.storage.health import RETRY
 from agentik.storage.queries import get_conversation, idempotency_key
 from agentik.wire import Content, ConversationRecord, MessageContext
 

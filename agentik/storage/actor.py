@@ -39,6 +39,7 @@ from agentik.errors import (
 )
 from agentik.storage import ops
 from agentik.storage.engine import ReaderEngine, WriterEngine, is_transient, probe_write
+from agentik.storage.health import RETRY, Backoff, StorageHealth, retry_until_stored
 from agentik.storage.hub import EventHub
 from agentik.storage.queries import Reader
 from agentik.storage.writer import Writer
@@ -59,100 +60,6 @@ class StorageStats:
     batches: int = 0
     ops: int = 0
     largest_batch: int = 0
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Waits that double from ``initial`` up to ``maximum`` seconds: between the writer's probes
-    of a store that refuses writes, and between the attempts of ``write_until_stored``. The cap
-    bounds how long after space returns a retried write is stored (a probe that succeeds wakes
-    every waiting writer at once)."""
-
-    initial: float = 0.05
-    maximum: float = 1.0
-
-    def delays(self) -> Iterator[float]:
-        delay = self.initial
-        while True:
-            yield delay
-            delay = min(delay * 2, self.maximum)
-
-
-#: the backoff of the StorageActor's probes and of ``write_until_stored``
-RETRY = Backoff()
-
-
-class StorageHealth:
-    """Whether the store accepts writes, as the writer last found it: every commit and every
-    probe reports here (in the actor, before callers are answered). ``/readyz`` reads it through
-    the Agent; ``wait_writable`` wakes writers retrying a refused write once one succeeds."""
-
-    def __init__(self) -> None:
-        self.writable = True
-        #: why writes are refused (the database's message); None while writable
-        self.error: str | None = None
-        #: wall-clock time of the first refused write of this outage; None while writable
-        self.since: float | None = None
-        #: refused commits and probes in this outage
-        self.refusals = 0
-        self._changed = trio.Event()
-
-    def refused(self, error: str) -> None:
-        if self.writable:
-            self.writable = False
-            self.since = time.time()
-            log.error("storage refuses writes: %s", error)
-        self.error = error
-        self.refusals += 1
-        self._change()
-
-    def accepted(self) -> None:
-        if self.writable:
-            return
-        log.warning("storage accepts writes again (refused for %.1f s, %d attempts)",
-                    time.time() - (self.since or time.time()), self.refusals)
-        self.writable, self.error, self.since, self.refusals = True, None, None, 0
-        self._change()
-
-    def _change(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def changed(self) -> None:
-        """Return at the next refused write or probe, or when writes are accepted again."""
-        await self._changed.wait()
-
-    async def wait_writable(self, writable: bool = True) -> None:
-        """Return once the store accepts writes (``writable`` False: once it refuses them); at
-        once when it does now."""
-        while self.writable != writable:
-            await self._changed.wait()
-
-
-async def retry_until_stored(
-    write: Callable[[ops.AnyOp], Awaitable[Any]],
-    health: StorageHealth,
-    op: ops.AnyOp,
-    backoff: Backoff = RETRY,
-) -> Any:
-    """``await write(op)``, again after each StorageUnavailableError once ``health`` says writes
-    are accepted again or the next backoff delay has passed. Each attempt is shielded (its
-    answer is always known); the waits between attempts are not, so a cancel ends the retries
-    with Cancelled, and then ``op`` was not stored. Other errors propagate at once."""
-    delays = backoff.delays()
-    attempts = 0
-    while True:
-        attempts += 1
-        with trio.CancelScope(shield=True):
-            try:
-                return await write(op)
-            except StorageUnavailableError as exc:
-                error = exc
-        if attempts == 1:
-            log.warning("%s not stored (%s): retrying until the store accepts writes",
-                        type(op).__name__, error)
-        with trio.move_on_after(next(delays)):
-            await health.wait_writable()
 
 
 class Storage:
@@ -226,56 +133,28 @@ async def run_storage(
     the node then holds conversation leases as ``node_id`` (TTL ``lease_ttl``), advertising
     ``node_url`` for commands forwarded to it.
     ``clock`` is the writer's clock: every stored time comes from it, once per batch."""
-    writer: WriterEngine
-    reader: ReaderEngine
-    feed: Any = None
     if database_url is not None:
-        from agentik.storage.pg_feed import Feed
-        from agentik.storage.pg_reader import PgReader
-        from agentik.storage.pg_writer import PgWriter
-
-        url = database_url
-        pg_writer = await trio.to_thread.run_sync(
-            lambda: PgWriter(url, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl, clock=clock)
-        )
-        pg_reader = PgReader(url)
-        try:
-            await trio.to_thread.run_sync(pg_reader.open)
-        except BaseException:
-            pg_reader.close()
-            await trio.to_thread.run_sync(pg_writer.close)
-            raise
-        writer, reader = pg_writer, pg_reader
-        from agentik.storage.pg_lease import Leases
-
-        leases = pg_writer.leases = Leases(url, node_id=node_id, ttl=lease_ttl, addr=node_url)
+        engines = await _open_postgres(database_url, node_id=node_id, lease_ttl=lease_ttl,
+                                       node_url=node_url, outbox_cap=outbox_cap,
+                                       outbox_ttl=outbox_ttl, clock=clock)
     else:
-        writer = await trio.to_thread.run_sync(
+        sqlite = await trio.to_thread.run_sync(
             lambda: Writer(path, synchronous=synchronous, outbox_cap=outbox_cap,
                            outbox_ttl=outbox_ttl, clock=clock)
         )
-        reader = Reader(path)
+        engines = _Engines(sqlite, Reader(path))
+    writer, reader = engines.writer, engines.reader
     hub = EventHub(
         epoch=writer.epoch, head=writer.next_seq - 1, oldest=writer.oldest, reader=reader,
         buffer=subscriber_buffer,
     )
     send, recv = trio.open_memory_channel[_Request](queue_size)
     storage = Storage(send, reader, hub)
+    feed: Any = None
     try:
         async with trio.open_nursery() as nursery:
-            if not writer.publishes_commits:
-                feed = storage.feed = Feed(url, pg_writer.channel, pg_reader, hub, pg_writer)
-                await nursery.start(feed.run)
-                storage.leases = leases
-                leases.write = storage.write
-                await nursery.start(leases.run)
-                from agentik.storage.pg_online import OnlineRelay
-                from agentik.storage.pg_schema import channel
-
-                relay = storage.online = OnlineRelay(
-                    url, channel("o_" + pg_writer.schema), leases.node_id, hub)
-                hub.online_tap = relay.tap
-                await nursery.start(relay.run)
+            if engines.url is not None:
+                feed = await _start_node(nursery, storage, engines)
             task_status.started(storage)
             probe = partial(_probe, writer, storage.health)
             async with recv:
@@ -286,19 +165,75 @@ async def run_storage(
         send.close()
         if feed is not None:
             feed.flush_pending()  # committed: answer them even though this node stops
-        # Answer anyone still waiting so no caller hangs on a closed actor.
-        while True:
-            try:
-                req = recv.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                break
-            req.error = RuntimeClosedError("storage is closed")
-            req.done.set()
+        _answer_closed(recv)
         with trio.CancelScope(shield=True):
             # Readers first: the writer's close is then the last connection's, which checkpoints
             # the WAL into the database file and removes it.
             reader.close()
             await trio.to_thread.run_sync(writer.close)
+
+
+@dataclass
+class _Engines:
+    writer: WriterEngine
+    reader: ReaderEngine
+    #: PostgreSQL: the database URL and the node's leases (``pg_lease.Leases``)
+    url: str | None = None
+    leases: Any = None
+
+
+async def _open_postgres(
+    url: str, *, node_id: str, lease_ttl: float, node_url: str | None, outbox_cap: int,
+    outbox_ttl: float, clock: Callable[[], float],
+) -> _Engines:
+    from agentik.storage.pg_lease import Leases
+    from agentik.storage.pg_reader import PgReader
+    from agentik.storage.pg_writer import PgWriter
+
+    pg_writer = await trio.to_thread.run_sync(
+        lambda: PgWriter(url, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl, clock=clock)
+    )
+    pg_reader = PgReader(url)
+    try:
+        await trio.to_thread.run_sync(pg_reader.open)
+    except BaseException:
+        pg_reader.close()
+        await trio.to_thread.run_sync(pg_writer.close)
+        raise
+    leases = pg_writer.leases = Leases(url, node_id=node_id, ttl=lease_ttl, addr=node_url)
+    return _Engines(pg_writer, pg_reader, url=url, leases=leases)
+
+
+async def _start_node(nursery: trio.Nursery, storage: Storage, engines: _Engines) -> Any:
+    """PostgreSQL: start the node's feed (returned), leases and online relay in ``nursery``."""
+    from agentik.storage.pg_feed import Feed
+    from agentik.storage.pg_online import OnlineRelay
+    from agentik.storage.pg_schema import channel
+
+    pg_writer: Any = engines.writer
+    url, leases, hub = engines.url, engines.leases, storage.hub
+    assert url is not None
+    feed = storage.feed = Feed(url, pg_writer.channel, engines.reader, hub, pg_writer)  # type: ignore[arg-type]
+    await nursery.start(feed.run)
+    storage.leases = leases
+    leases.write = storage.write
+    await nursery.start(leases.run)
+    relay = storage.online = OnlineRelay(
+        url, channel("o_" + pg_writer.schema), leases.node_id, hub)
+    hub.online_tap = relay.tap
+    await nursery.start(relay.run)
+    return feed
+
+
+def _answer_closed(recv: trio.MemoryReceiveChannel[_Request]) -> None:
+    """Answer anyone still waiting so no caller hangs on a closed actor."""
+    while True:
+        try:
+            req = recv.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return
+        req.error = RuntimeClosedError("storage is closed")
+        req.done.set()
 
 
 async def _next_batch(
