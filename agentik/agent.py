@@ -28,7 +28,7 @@ from agentik.agent_handles import (
     check_non_negative,
 )
 from agentik.api import ConversationView, as_content
-from agentik.cluster import forward
+from agentik.cluster import Peers
 from agentik.config import BUSY_POLICIES
 from agentik.errors import InvalidInputError, NotFoundError, NotOwnerError, RuntimeClosedError
 from agentik.storage import ops
@@ -82,9 +82,11 @@ class LocalConversation(ConversationView["LocalAgent"]):
 class LocalAgent:
     """The in-process Agent."""
 
-    def __init__(self, deps: Deps, registry: Registry) -> None:
+    def __init__(self, deps: Deps, registry: Registry, peers: Peers | None = None) -> None:
         self._deps = deps
         self._registry = registry
+        #: clients of the other cluster nodes (forwarded commands); the runtime closes them
+        self._peers = peers if peers is not None else Peers(deps.config)
         self._closed = False
         self.journal = Journal(deps)
         self.outbox = Outbox(deps)
@@ -164,7 +166,7 @@ class LocalAgent:
                 ops.DeleteConversation(conversation_id=conversation_id)
             )
         except NotOwnerError as exc:  # a cluster: the owner stops its actor and deletes
-            return await forward(self.config, exc, lambda o: o.delete_conversation(conversation_id))
+            return await self._peers.forward(exc, lambda o: o.delete_conversation(conversation_id))
         return deleted
 
     async def rename_conversation(self, conversation_id: str, title: str | None) -> ConversationRecord:
@@ -175,8 +177,8 @@ class LocalAgent:
                 ops.RenameConversation(conversation_id=conversation_id, title=title)
             )
         except NotOwnerError as exc:
-            return await forward(
-                self.config, exc, lambda o: o.rename_conversation(conversation_id, title))
+            return await self._peers.forward(
+                exc, lambda o: o.rename_conversation(conversation_id, title))
         return record
 
     async def interrupt(self, conversation_id: str) -> bool:
@@ -186,7 +188,7 @@ class LocalAgent:
         try:
             return await self._registry.interrupt(conversation_id)
         except NotOwnerError as exc:
-            return await forward(self.config, exc, lambda o: o.interrupt(conversation_id))
+            return await self._peers.forward(exc, lambda o: o.interrupt(conversation_id))
 
     async def _send(
         self,
@@ -208,7 +210,7 @@ class LocalAgent:
             return await self._registry.submit(
                 conversation_id, content, context, on_busy=on_busy, idempotency=idem)
         except NotOwnerError as exc:
-            return await forward(self.config, exc, lambda o: o.send(
+            return await self._peers.forward(exc, lambda o: o.send(
                 conversation_id, content, context, on_busy=on_busy,
                 idempotency_key=idempotency_key))
 

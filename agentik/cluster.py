@@ -1,14 +1,18 @@
 """Commands for a conversation owned by another node (PostgreSQL cluster, SPEC §12) go to the
 owner: the node that received them forwards them over HTTP to the base URL the owner advertises
 (``AGENTIK_NODE_URL``), with this cluster's first bearer token. The owner answers as if the
-client had called it, errors included (404, 409, 429, ... come back as the same AgentikError)."""
+client had called it, errors included (404, 409, 429, ... come back as the same AgentikError).
+
+:class:`Peers` keeps one client (one connection pool) per owner address for the runtime's life,
+so a forwarded command reuses a kept-alive connection instead of opening one per call; the
+runtime closes them at shutdown (``Peers.aclose``)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from agentik.errors import NotOwnerError
+from agentik.errors import NotOwnerError, RuntimeClosedError
 
 if TYPE_CHECKING:
     from agentik.client.http import AgentikAgent
@@ -17,14 +21,43 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-async def forward(
-    config: Config, exc: NotOwnerError, call: Callable[[AgentikAgent], Awaitable[T]]
-) -> T:
-    """Run ``call`` against the owner node; re-raises ``exc`` (503) when it advertises no URL."""
-    if not exc.addr:
-        raise exc
-    from agentik.client.http import AgentikAgent
+class Peers:
+    """The clients of the other nodes this node forwarded to, by base URL."""
 
-    token = config.tokens[0] if config.tokens else None
-    async with AgentikAgent(f"node:{config.node_id or 'peer'}", exc.addr, token) as owner:
-        return await call(owner)
+    def __init__(self, config: Config,
+                 factory: Callable[[str, str, str | None], AgentikAgent] | None = None) -> None:
+        self.config = config
+        self._factory = factory
+        self._clients: dict[str, AgentikAgent] = {}
+        self._closed = False
+
+    def client(self, addr: str) -> AgentikAgent:
+        """The one client for the node at ``addr`` (made on first use)."""
+        if self._closed:
+            raise RuntimeClosedError("the runtime is closed")
+        owner = self._clients.get(addr)
+        if owner is None:
+            token = self.config.tokens[0] if self.config.tokens else None
+            name = f"node:{self.config.node_id or 'peer'}"
+            if self._factory is not None:
+                owner = self._factory(name, addr, token)
+            else:
+                from agentik.client.http import AgentikAgent
+
+                owner = AgentikAgent(name, addr, token)
+            self._clients[addr] = owner
+        return owner
+
+    async def forward(self, exc: NotOwnerError, call: Callable[[AgentikAgent], Awaitable[T]]) -> T:
+        """Run ``call`` against the owner node; re-raises ``exc`` (503) when it advertises no
+        URL."""
+        if not exc.addr:
+            raise exc
+        return await call(self.client(exc.addr))
+
+    async def aclose(self) -> None:
+        """Close every client (idempotent); forwarding is refused afterwards."""
+        self._closed = True
+        clients, self._clients = list(self._clients.values()), {}
+        for owner in clients:
+            await owner.close()

@@ -17,6 +17,7 @@ import trio
 from agentik.actors.deps import Deps
 from agentik.actors.registry import Registry
 from agentik.agent import LocalAgent
+from agentik.cluster import Peers
 from agentik.config import Config
 from agentik.errors import ConfigError, LlmError
 from agentik.llm.base import LiteLlm
@@ -68,16 +69,21 @@ async def open_runtime(
                 await _recover(storage)
                 the_tools = tools if tools is not None else await _start_tools(config, root)
                 deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools)
-                async with trio.open_nursery() as actors:
-                    registry = Registry(deps, actors)
-                    if storage.leases is not None:  # a cluster node stops actors it may not run
-                        storage.leases.on_stop = registry.stop
-                    agent = LocalAgent(deps, registry)
-                    try:
-                        yield agent
-                    finally:
-                        agent.mark_closed()
-                        actors.cancel_scope.cancel()
+                peers = Peers(config)  # clients of the other cluster nodes, closed last
+                try:
+                    async with trio.open_nursery() as actors:
+                        registry = Registry(deps, actors)
+                        if storage.leases is not None:  # a cluster node stops its own actors
+                            storage.leases.on_stop = registry.stop
+                        agent = LocalAgent(deps, registry, peers)
+                        try:
+                            yield agent
+                        finally:
+                            agent.mark_closed()
+                            actors.cancel_scope.cancel()
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await peers.aclose()
             finally:
                 # Whatever ends the runtime (the caller leaving, a start-up error, a cancel),
                 # storage stops last.

@@ -16,12 +16,21 @@ import trio
 import trio.testing
 
 from agentik import metrics
+from agentik.cluster import Peers
 from agentik.config import Config
-from agentik.errors import ConfigError, LeaseLostError, NotFoundError, NotOwnerError
+from agentik.errors import (
+    ConfigError,
+    LeaseLostError,
+    NotFoundError,
+    NotOwnerError,
+    RuntimeClosedError,
+)
+from agentik.runtime import open_runtime
 from agentik.storage import ops
 from agentik.storage import queries as q
 from agentik.storage.actor import Storage, run_storage
 from agentik.storage.writer import StoredEvent
+from agentik.testing import ScriptedLlm
 from agentik.wire import AppendText, Cursor, Text, UserMessage, event_type
 from tests.conftest import PG_BASE_URL
 
@@ -312,3 +321,45 @@ async def test_online_events_reach_the_other_nodes_once(pg_url: str) -> None:
                     a.hub.publish_online("c1", AppendText(text=f"t{i}"))
         assert got["a"] == got["b"] == [f"t{i}" for i in range(50)]
         assert b.online.stats["received"] == 50 and a.online.stats["dropped"] == 0
+
+
+class _FakePeer:
+    def __init__(self, name: str, addr: str, token: str | None) -> None:
+        self.name, self.addr, self.token, self.closed = name, addr, token, False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_forwarding_keeps_one_client_per_peer_and_the_runtime_closes_them(
+    pg_url: str, tmp_path: object
+) -> None:
+    made: list[_FakePeer] = []
+
+    def factory(name: str, addr: str, token: str | None) -> _FakePeer:
+        made.append(_FakePeer(name, addr, token))
+        return made[-1]
+
+    peers = Peers(Config(tokens=("t1", "t2"), node_id="n1"), factory=factory)  # type: ignore[arg-type]
+
+    async def call(owner: object) -> object:
+        return owner
+
+    to_a = NotOwnerError("x", node_id="a", addr="http://a")
+    first = await peers.forward(to_a, call)
+    assert await peers.forward(to_a, call) is first  # the same client: its pool is reused
+    other = await peers.forward(NotOwnerError("x", node_id="b", addr="http://b"), call)
+    assert other is not first and [(m.addr, m.token) for m in made] == [
+        ("http://a", "t1"), ("http://b", "t1")]
+    with pytest.raises(NotOwnerError):  # an owner with no URL: the 503 goes to the caller
+        await peers.forward(NotOwnerError("x", node_id="c", addr=None), call)
+    await peers.aclose()
+    assert all(m.closed for m in made)
+    with pytest.raises(RuntimeClosedError):
+        await peers.forward(to_a, call)
+    # the runtime makes one Peers for its life and closes it at shutdown
+    cfg = Config(db_path=f"{tmp_path}/unused.db", database_url=pg_url, node_id="n-rt")
+    async with open_runtime(cfg, llm=ScriptedLlm(["hi"])) as agent:
+        kept = agent._peers
+        kept.client("http://a")
+    assert kept._closed and not kept._clients
