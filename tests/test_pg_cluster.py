@@ -26,7 +26,7 @@ from agentik.errors import (
     RuntimeClosedError,
 )
 from agentik.runtime import open_runtime
-from agentik.storage import ops
+from agentik.storage import ops, pg_schema
 from agentik.storage import queries as q
 from agentik.storage.actor import Storage, run_storage
 from agentik.storage.writer import StoredEvent
@@ -363,3 +363,24 @@ async def test_forwarding_keeps_one_client_per_peer_and_the_runtime_closes_them(
         kept = agent._peers
         kept.client("http://a")
     assert kept._closed and not kept._clients
+
+
+def test_postgres_schema_upgrades_in_place_and_refuses_a_newer_one(pg_url: str) -> None:
+    """The one migration rule (``schema.apply_migrations``) on PostgreSQL: a v1 schema is
+    brought to the latest version keeping its epoch and counter; a newer one is refused."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for statement in pg_schema.MIGRATIONS[1].split(";"):
+            if statement.strip():
+                conn.execute(statement)  # type: ignore[call-overload]
+        conn.execute("INSERT INTO meta VALUES ('epoch', 'e1'), ('schema_version', '1')")
+        conn.execute("INSERT INTO counter VALUES (1, 7)")
+        assert pg_schema.migrate(conn)
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        assert version == (str(pg_schema.SCHEMA_VERSION),)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone() == ("e1",)
+        assert conn.execute("SELECT v FROM counter").fetchone() == (7,)
+        conn.execute("SELECT count(*) FROM a2a_task, idempotency_key")  # v2 and v3 tables
+        pg_schema.migrate(conn)  # up to date: nothing to do
+        conn.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+        with pytest.raises(psycopg.DatabaseError, match="newer than this agentik"):
+            pg_schema.migrate(conn)

@@ -21,12 +21,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import trio
-import trio.lowlevel
-from psycopg import sql
 
 from agentik.storage.hub import EventHub
+from agentik.storage.pg_listen import listen
 from agentik.storage.pg_reader import PgReader
 from agentik.storage.writer import StoredEvent
 
@@ -50,8 +48,8 @@ class Feed:
         self.cursor = hub.head
         self._wake = trio.Event()
         self._pending: list[tuple[int, Callable[[], None]]] = []
-        self.stats = {"wakeups": 0, "notifies": 0, "reconnects": 0, "pages": 0, "gaps": 0,
-                      "own": 0}
+        self.stats = {"wakeups": 0, "notifies": 0, "connects": 0, "reconnects": 0, "pages": 0,
+                      "gaps": 0, "own": 0}
         #: the listener connection's server process id (None while disconnected)
         self.listener_pid: int | None = None
 
@@ -136,47 +134,24 @@ class Feed:
             fn()
 
     async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """LISTEN without a thread: wait until the socket is readable, then consume input and
-        take the notifications. Reconnects with backoff; every (re)connect wakes the feed."""
-        started = False
-        backoff = 0.1
-        while True:
-            conn: psycopg.Connection[Any] | None = None
-            try:
-                conn = await trio.to_thread.run_sync(self._connect)
-                self.listener_pid = conn.info.backend_pid
-                backoff = 0.1
-                self.wake()
-                if not started:
-                    started = True
-                    task_status.started()
-                else:
-                    self.stats["reconnects"] += 1
-                while True:
-                    await trio.lowlevel.wait_readable(conn.fileno())
-                    conn.pgconn.consume_input()
-                    got = False
-                    mine = getattr(self.writer, "backend_pid", None)
-                    while (note := conn.pgconn.notifies()) is not None:
-                        if note.be_pid != mine:
-                            got = True
-                    if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
-                        raise psycopg.OperationalError("listener connection lost")
-                    if got:
-                        self.stats["notifies"] += 1
-                        self.wake()
-            except (psycopg.Error, OSError) as exc:
-                if not started:
-                    raise
-                log.warning("feed listener: %s; reconnecting in %.1f s", exc, backoff)
-            finally:
-                self.listener_pid = None
-                if conn is not None:
-                    conn.close()
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+        """The feed's listener: every (re)connect wakes the feed (what was notified meanwhile is
+        lost), every notification from another node's writer too."""
+        await listen(self.url, self.channel, self._notified, name="feed listener",
+                     on_connect=self._connected, on_disconnect=self._disconnected,
+                     task_status=task_status)
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(self.url, autocommit=True)
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-        return conn
+    def _connected(self, pid: int) -> None:
+        if self.stats["connects"]:
+            self.stats["reconnects"] += 1
+        self.stats["connects"] += 1
+        self.listener_pid = pid
+        self.wake()
+
+    def _disconnected(self) -> None:
+        self.listener_pid = None
+
+    def _notified(self, notes: list[Any]) -> None:
+        mine = getattr(self.writer, "backend_pid", None)
+        if any(note.be_pid != mine for note in notes):
+            self.stats["notifies"] += 1
+            self.wake()

@@ -16,10 +16,9 @@ from typing import Any
 
 import psycopg
 import trio
-import trio.lowlevel
-from psycopg import sql
 
 from agentik.storage.hub import EventHub
+from agentik.storage.pg_listen import listen
 from agentik.wire import CommonEvent, OnlineEvent, decode_common_event, encode
 
 log = logging.getLogger(__name__)
@@ -96,34 +95,12 @@ class OnlineRelay:
         return conn
 
     async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        started = False
-        while True:
-            conn: psycopg.Connection[Any] | None = None
-            try:
-                conn = await trio.to_thread.run_sync(self._connect)
-                if not started:
-                    started = True
-                    task_status.started()
-                while True:
-                    await trio.lowlevel.wait_readable(conn.fileno())
-                    conn.pgconn.consume_input()
-                    while (note := conn.pgconn.notifies()) is not None:
-                        self._deliver(note.extra)
-                    if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
-                        raise psycopg.OperationalError("online listener connection lost")
-            except (psycopg.Error, OSError) as exc:
-                if not started:
-                    raise
-                log.warning("online listener: %s; reconnecting", exc)
-            finally:
-                if conn is not None:
-                    conn.close()
-            await trio.sleep(0.2)
+        await listen(self.url, self.channel, self._received, name="online listener",
+                     task_status=task_status)
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(self.url, autocommit=True)
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-        return conn
+    def _received(self, notes: list[Any]) -> None:
+        for note in notes:
+            self._deliver(note.extra)
 
     def _deliver(self, payload: bytes) -> None:
         sender, _, body = payload.partition(b"\n")

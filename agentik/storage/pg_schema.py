@@ -22,6 +22,8 @@ from typing import Any
 
 import psycopg
 
+from agentik.storage.schema import apply_migrations
+
 SCHEMA_VERSION = 3
 
 _V1 = """
@@ -132,22 +134,14 @@ def migrate(conn: psycopg.Connection[Any]) -> str:
         if has_meta:
             got = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             version = int(got[0]) if got else 0
-        if version > SCHEMA_VERSION:
-            raise psycopg.DatabaseError(
-                f"database schema version {version} is newer than this agentik ({SCHEMA_VERSION})"
-            )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            for statement in MIGRATIONS[target].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-        if version == 0:
-            conn.execute("INSERT INTO meta VALUES ('epoch', %s)", (secrets.token_hex(8),))
-            conn.execute("INSERT INTO meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),))
-            conn.execute("INSERT INTO counter VALUES (1, 0)")
-        elif version < SCHEMA_VERSION:
-            conn.execute(
-                "UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
-            )
+        apply_migrations(
+            conn.execute, version, latest=SCHEMA_VERSION, migrations=MIGRATIONS,
+            initial=[("INSERT INTO meta VALUES ('epoch', %s)", (secrets.token_hex(8),)),
+                     ("INSERT INTO meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),)),
+                     ("INSERT INTO counter VALUES (1, 0)", ())],
+            set_version="UPDATE meta SET value = %s WHERE key = 'schema_version'",
+            error=psycopg.DatabaseError,
+        )
     return schema
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 SCHEMA_VERSION = 3
 
@@ -101,6 +103,33 @@ CREATE INDEX idempotency_key_by_expiry ON idempotency_key (expires_at);
 MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
 
 
+def apply_migrations(
+    execute: Callable[..., Any],
+    version: int,
+    *,
+    latest: int,
+    migrations: Mapping[int, str],
+    initial: Sequence[tuple[str, tuple[Any, ...]]],
+    set_version: str,
+    error: type[Exception],
+) -> None:
+    """The one migration rule of both engines, run inside the caller's transaction: refuse a
+    schema newer than this code (``error``), run each script after ``version`` in order
+    (statements split on ``;``), then store ``initial`` rows for a new database, or the new
+    version for an upgraded one (``set_version`` with the version as its one parameter)."""
+    if version > latest:
+        raise error(f"database schema version {version} is newer than this agentik ({latest})")
+    for target in range(version + 1, latest + 1):
+        for statement in migrations[target].split(";"):
+            if statement.strip():
+                execute(statement)
+    if version == 0:
+        for sql, params in initial:
+            execute(sql, params)
+    elif version < latest:
+        execute(set_version, (str(latest),))
+
+
 def migrate(conn: sqlite3.Connection) -> None:
     """Create or upgrade the schema in one transaction. Raises sqlite3.Error."""
     conn.execute("BEGIN IMMEDIATE")
@@ -112,22 +141,14 @@ def migrate(conn: sqlite3.Connection) -> None:
         if has_meta:
             row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             version = int(row[0]) if row else 0
-        if version > SCHEMA_VERSION:
-            raise sqlite3.DatabaseError(
-                f"database schema version {version} is newer than this agentik ({SCHEMA_VERSION})"
-            )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            for statement in MIGRATIONS[target].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-        if version == 0:
-            conn.execute("INSERT INTO meta VALUES ('epoch', ?)", (secrets.token_hex(8),))
-            conn.execute("INSERT INTO meta VALUES ('next_seq', '1')")
-            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif version < SCHEMA_VERSION:
-            conn.execute(
-                "UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),)
-            )
+        apply_migrations(
+            conn.execute, version, latest=SCHEMA_VERSION, migrations=MIGRATIONS,
+            initial=[("INSERT INTO meta VALUES ('epoch', ?)", (secrets.token_hex(8),)),
+                     ("INSERT INTO meta VALUES ('next_seq', '1')", ()),
+                     ("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))],
+            set_version="UPDATE meta SET value=? WHERE key='schema_version'",
+            error=sqlite3.DatabaseError,
+        )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
