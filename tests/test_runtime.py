@@ -482,7 +482,8 @@ async def test_shutdown_mid_turn_ends_it_with_a_terminal_record(cfg: Config) -> 
 CHILD = textwrap.dedent("""
     import sys, trio, agentik
     async def main():
-        cfg = agentik.Config(db_path=sys.argv[1], openai_base_url=sys.argv[2], llm_max_retries=0)
+        cfg = agentik.Config(db_path=sys.argv[1], openai_base_url=sys.argv[2], llm_max_retries=0,
+                             database_url=sys.argv[3] or None, node_id=sys.argv[4])
         async with agentik.open_runtime(cfg) as agent:
             conv = await agent.create_conversation()
             online = agent.online_outbox.online_events(conv.id)
@@ -496,13 +497,24 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def kill_config(request: pytest.FixtureRequest, config: Config) -> Config:
+    """Both engines. On PostgreSQL the restarted node keeps its node id, as a restarted
+    deployment does: it then closes its dead incarnation's turns at start-up."""
+    if request.param == "sqlite":
+        return config.replace(database_url=None)
+    return config.replace(database_url=request.getfixturevalue("pg_url"), node_id="killed-node")
+
+
 async def test_process_killed_mid_turn_gets_terminal_record_on_restart(
-    config: Config, scripted: ScriptedOpenAI
+    kill_config: Config, scripted: ScriptedOpenAI
 ) -> None:
+    config = kill_config
     scripted.push(Hang(text_before="Let me"))
     with trio.fail_after(60):
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-c", CHILD, config.db_path, scripted.base_url],
+            [sys.executable, "-c", CHILD, config.db_path, scripted.base_url,
+             config.database_url or "", config.node_id],
             stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()},
         )
         try:
