@@ -101,12 +101,21 @@ def test_start_puts_the_user_message_in_working_memory() -> None:
     assert op == ops.StartTurn(conversation_id="c", turn_id="t", item=UserItem(content=[Text(body="hi")]))
 
 
-def test_interrupted_without_text_keeps_nothing() -> None:
+def test_interrupted_without_text_is_an_empty_interrupted_answer() -> None:
+    """The journal records the interruption (the history shows it); the model sees nothing."""
     s = logic.TurnState(conversation_id="c", turn_id="t")
     logic.new_round(s)
     (finish,) = logic.end(s, logic.Interrupted())
     assert isinstance(finish, ops.FinishTurn) and s.finished
-    assert (finish.assistant, finish.item, finish.error, finish.interrupted) == (None, None, None, True)
+    assert finish.assistant is not None
+    empty = finish.assistant[1]
+    assert (empty.content, empty.interrupted, empty.turn_id) == ([], True, "t")
+    assert (finish.item, finish.error, finish.interrupted) == (None, None, True)
+    for ending in (logic.Failed("llm_http", "boom"), logic.Cancelled()):  # their Error ends them
+        s = logic.TurnState(conversation_id="c", turn_id="t")
+        logic.new_round(s)
+        (finish,) = logic.end(s, ending)
+        assert finish.assistant is None and finish.error is not None
     s = logic.TurnState(conversation_id="c", turn_id="t")
     logic.new_round(s)
     fold(s, [TextDelta("partial")])

@@ -14,7 +14,7 @@ import trio
 from agentik.tools.base import FunctionTools
 from agentik.web.app import create_app
 from agentik.wire import Cursor
-from tests.scripted_openai import Hang, Reply, ScriptedOpenAI
+from tests.scripted_openai import Hang, Reply, ScriptedOpenAI, ToolCalls
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
     client,
@@ -163,6 +163,46 @@ async def test_interrupt(client: httpx2.AsyncClient, openai: ScriptedOpenAI) -> 
     assert frames[-1].event == "interrupted"
     missing = await client.post("/agentik/conversations/nope/interrupt")
     assert missing.status_code == 404
+
+
+async def test_an_interruption_before_any_text_is_in_the_history(
+    tmp_path: Any, openai: ScriptedOpenAI
+) -> None:
+    """Issue 11: a turn interrupted before the model said anything (waiting for its first token,
+    or during a tool call) ends in the journal too, not only on the event stream: an
+    assistant_message with no text marked interrupted, so a client rejoining from the snapshot
+    shows "[interrupted]" where the answer would be."""
+    tools = FunctionTools()
+    started = trio.Event()
+
+    async def slow() -> str:
+        started.set()
+        await trio.sleep_forever()
+        return ""
+
+    tools.add(slow)
+    async with serve_app(make_config(tmp_path, openai), tools=tools) as srv:
+        async with httpx2.AsyncClient(base_url=srv.url, timeout=10) as http:
+            cid = (await create(http))["id"]
+            openai.push(Hang(), ToolCalls([("c1", "slow", "{}")]))
+            for text, running in (("first token?", lambda: openai.wait_requests(1)),
+                                  ("a tool then", started.wait)):
+                async with open_sse(http, f"/agentik/conversations/{cid}/events") as stream:
+                    await http.post(f"/agentik/conversations/{cid}/messages",
+                                    json={"content": [{"type": "text", "body": text}]})
+                    with trio.fail_after(10):
+                        await running()
+                        response = await http.post(f"/agentik/conversations/{cid}/interrupt")
+                        assert response.json() == {"interrupted": True}
+                        await stream.until("interrupted")
+            snapshot = (await http.get(f"/agentik/conversations/{cid}/snapshot")).json()
+    messages = [m["message"] for m in snapshot["messages"]]
+    assert [m["type"] for m in messages] == [
+        "user_message", "assistant_message",
+        "user_message", "tool_call", "tool_result", "assistant_message"]
+    for answer in (messages[1], messages[5]):
+        assert answer["interrupted"] is True and answer["content"] == []
+    assert messages[4]["is_error"] is True  # the cut call is closed (ToolFailed)
 
 
 async def test_not_running_is_503_with_retry_after(config: Any) -> None:

@@ -196,7 +196,7 @@ def after_round(state: TurnState, max_tool_rounds: int) -> RunTools | Answer | F
     if not calls:
         state.finished = True
         answer = final_message(state)
-        assert answer is not None  # only an interrupted turn may have no message
+        assert answer is not None  # only a turn ended without its answer may have no message
         return Answer(ops.FinishTurn(
             conversation_id=state.conversation_id, turn_id=state.turn_id,
             assistant=(uuid.uuid4().hex, answer), item=_final_item(state),
@@ -272,7 +272,10 @@ def end(state: TurnState, ending: Ending) -> list[ops.AppendToolResult | ops.Fin
     out: list[ops.AppendToolResult | ops.FinishTurn] = [
         tool_done(state, tool_failure(state, call, CALL_CUT)) for call in list(state.pending_calls)
     ]
-    partial = final_message(state, interrupted=True)
+    # An interruption is always in the journal: with no text, as an empty interrupted answer
+    # (a failed or cancelled turn's Error record is its end there).
+    partial = final_message(state, interrupted=True,
+                            keep_empty=isinstance(ending, Interrupted))
     item = _final_item(state) if partial is not None else None
     error: Error | None
     match ending:
@@ -303,11 +306,14 @@ def seen_text(state: TurnState) -> str:
     return "".join([*state.texts, "".join(state.round_text)])
 
 
-def final_message(state: TurnState, *, interrupted: bool = False) -> AssistantMessage | None:
+def final_message(
+    state: TurnState, *, interrupted: bool = False, keep_empty: bool = False
+) -> AssistantMessage | None:
     """The journal's AssistantMessage: all text the user saw across rounds. None when an
-    interrupted or failed turn produced no text (nothing to keep)."""
+    interrupted or failed turn produced no text, unless ``keep_empty`` (an interruption: the
+    empty message is its record in the history)."""
     text = seen_text(state)
-    if interrupted and not text:
+    if interrupted and not text and not keep_empty:
         return None
     content: list[Content] = [Text(body=text)] if text else []
     tokens = (

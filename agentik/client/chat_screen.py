@@ -114,8 +114,9 @@ class ChatScreen:
             if isinstance(msg, UserMessage):
                 self.say(f"you: {_text(list(msg.content))}")
             elif isinstance(msg, AssistantMessage):
-                marker = " [interrupted]" if msg.interrupted else ""
-                self.say(f"agent: {_text(list(msg.content))}{marker}")
+                said = " ".join(t for t in (_text(list(msg.content)),
+                                             "[interrupted]" if msg.interrupted else "") if t)
+                self.say(f"agent: {said}")
             elif isinstance(msg, ToolCall):
                 self.say(f"[tool call: {msg.name}({_short(msg.arguments)})]")
             elif isinstance(msg, ToolResult):
