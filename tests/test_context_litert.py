@@ -66,6 +66,7 @@ def the_config(tmp_path: Path) -> Config:
     })
 
 
+@pytest.mark.slow  # ~150 s: twelve long answers on the real model
 @needs_real
 async def test_a_long_conversation_on_the_270m_model_never_dies_of_its_window(
     tmp_path: Path,
