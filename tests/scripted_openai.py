@@ -197,6 +197,8 @@ class ScriptedOpenAI:
         self.requests: list[dict[str, Any]] = []
         #: the client address (host, port) of each of those requests: one TCP connection per port
         self.peers: list[Any] = []
+        #: the HTTP headers of each of those requests (lower-case names)
+        self.headers: list[dict[str, str]] = []
         #: answers requests when the queue is empty and ``callable_default`` is None
         self.default: Step = Echo()
         #: if set, answers requests when the queue is empty: ``fn(body) -> step``
@@ -282,6 +284,7 @@ class ScriptedOpenAI:
                 return _error_body(400, "request body is not a JSON object"), 400
             self.requests.append(body)
             self.peers.append(request.scope.get("client"))
+            self.headers.append({k.lower(): v for k, v in request.headers.items()})
             self._request_arrived.set()
             self._request_arrived = trio.Event()
             if self.context_limit is not None:
