@@ -162,13 +162,19 @@ class TaskRecords:
     async def in_states(self, states: tuple[str, ...]) -> list[q.A2ATaskRow]:
         return await self._storage.reader.run(q.a2a_tasks_in_states, states)
 
-    async def updates(self, after_seq: int) -> AsyncGenerator[tuple[int, TaskUpdated], None]:
-        """Every record change after ``after_seq`` (replayed, then live), in order. A position
-        already trimmed from the outbox starts at the oldest retained change: a record's last
-        change is its newest, so nothing of a record read at ``after_seq`` is skipped."""
+    async def updates(
+        self, after_seq: int, conversation_id: str | None = None
+    ) -> AsyncGenerator[tuple[int, TaskUpdated], None]:
+        """Every record change after ``after_seq`` (replayed, then live), in order; with
+        ``conversation_id`` only those of that conversation's records, ending after its
+        ``Deleted`` (its records are deleted with it). A position already trimmed from the
+        outbox starts at the oldest retained change: a record's last change is its newest, so
+        nothing of a record read at ``after_seq`` is skipped."""
         hub = self._storage.hub
-        after = max(after_seq, hub.oldest_cursor().offset)
-        async for batch in hub.stream(Cursor(epoch=hub.epoch, offset=after), kind="a2a"):
+        after = Cursor(epoch=hub.epoch, offset=max(after_seq, hub.oldest_cursor().offset))
+        stream = (hub.stream(after, kind="a2a") if conversation_id is None
+                  else hub.stream(after, conversation_id=conversation_id))
+        async for batch in stream:
             for ev in batch:
                 if isinstance(ev.event.event, TaskUpdated):
                     yield ev.offset, ev.event.event

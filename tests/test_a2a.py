@@ -119,6 +119,10 @@ class Rpc:
                         continue
                     body = msgspec.json.decode(frame.data)
                     assert body["jsonrpc"] == "2.0" and body["id"] == request_id
+                    if "error" in body:  # an error ending the stream: yielded as is
+                        check_error(body)
+                        yield body
+                        continue
                     pb_check(body["result"], pb.StreamResponse)
                     yield body["result"]
 
@@ -404,6 +408,44 @@ async def test_a_task_running_when_the_server_is_killed_ends_failed_on_restart(
             snapshot = (await http.get(
                 f"/agentik/conversations/{conversation['id']}/snapshot")).json()
             assert snapshot["messages"][-1]["message"]["type"] == "error"
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_deleting_the_conversation_deletes_its_tasks_and_frees_the_context(
+    engine: str, tmp_path: Path, openai: ScriptedOpenAI, request: pytest.FixtureRequest
+) -> None:
+    """The tasks of a deleted conversation go with it: GetTask is TaskNotFound for a finished one
+    and for the one running (its stream ends with TaskNotFound), ListTasks no longer lists them,
+    and the next message to the contextId starts a new conversation with only its own task."""
+    database_url = request.getfixturevalue("pg_url") if engine == "postgres" else None
+    config = make_config(tmp_path, openai, database_url=database_url)
+    openai.push(Reply("one"), Hang(text_before="half "), Reply("fresh"))
+    async with a2a_server(config) as (_, rpc):
+        done = (await rpc.call("SendMessage", {"message": message("a", contextId="gone")}))["task"]
+        (conv,) = (await rpc.http.get("/agentik/conversations")).json()["conversations"]
+        with trio.fail_after(20):
+            async with rpc.stream("SendStreamingMessage",
+                                  {"message": message("b", contextId="gone")}) as events:
+                seen: list[dict[str, Any]] = []
+                async for event in events:
+                    seen.append(event)
+                    if "artifactUpdate" in event and len(seen) == 2:  # the turn is running
+                        deleted = await rpc.http.delete(f"/agentik/conversations/{conv['id']}")
+                        assert deleted.status_code == 204
+        running = seen[0]["task"]["id"]
+        assert seen[-1]["error"]["code"] == -32001  # the stream ends: the task is gone
+        for task_id in (done["id"], running):
+            await rpc.error("GetTask", {"id": task_id}, -32001)
+        empty = await rpc.call("ListTasks", {"contextId": "gone"}, pb.ListTasksResponse)
+        assert empty["tasks"] == [] and empty["totalSize"] == 0
+        again = (await rpc.call("SendMessage", {"message": message("c", contextId="gone")},
+                                pb.SendMessageResponse))["task"]
+        assert again["status"]["state"] == "TASK_STATE_COMPLETED"
+        (fresh,) = (await rpc.http.get("/agentik/conversations")).json()["conversations"]
+        assert fresh["id"] != conv["id"] and fresh["title"] == "A2A gone"
+        assert "one" not in str(openai.requests[-1]["messages"])  # a new conversation
+        listed = await rpc.call("ListTasks", {"contextId": "gone"}, pb.ListTasksResponse)
+        assert [t["id"] for t in listed["tasks"]] == [again["id"]]
 
 
 # --- JSON-RPC errors -----------------------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""A2A task storage (SPEC §11) on real SQLite files: PutA2ATask writes the task row and its
+"""A2A task storage (SPEC §11) on both engines: PutA2ATask writes the task row and its
 TaskUpdated event under one seq, refuses a stale ``expect_seq`` without using a seq, the queries
-page newest first, and a version-1 database migrates to version 2 with its data kept."""
+page newest first, a conversation's tasks go with it (deleted, or a temporary one purged) and
+none is stored for a conversation that is gone, and a version-1 SQLite database migrates to the
+current version with its data kept."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import msgspec
 import pytest
 import trio
 
-from agentik.errors import ConflictError
+from agentik.errors import ConflictError, NotFoundError
 from agentik.storage import ops
 from agentik.storage import queries as q
 from agentik.storage.actor import Storage, run_storage
+from agentik.storage.pg_writer import PgWriter
 from agentik.storage.schema import _V1, SCHEMA_VERSION
 from agentik.storage.writer import Writer
 from agentik.wire import TaskUpdated
@@ -34,18 +37,27 @@ async def open_storage(target: StorageTarget) -> AsyncIterator[Storage]:
 
 
 def put(
-    task_id: str, state: str, expect: int | None, context: str = "ctx", text: str = "x"
+    task_id: str, state: str, expect: int | None, context: str = "ctx", text: str = "x",
+    conversation: str | None = None,
 ) -> ops.PutA2ATask:
     return ops.PutA2ATask(
-        task_id=task_id, context_id=context, conversation_id="conv-" + context, state=state,
+        task_id=task_id, context_id=context, conversation_id=conversation or "conv-" + context,
+        state=state,
         task=msgspec.json.encode({"id": task_id, "state": state, "text": text}),
         update=msgspec.json.encode({"statusUpdate": {"taskId": task_id, "state": state}}),
         expect_seq=expect,
     )
 
 
+async def conversations(st: Storage, *ids: str, temporary: bool = False) -> None:
+    for cid in ids:
+        await st.write(ops.CreateConversation(conversation_id=cid, title=None,
+                                              is_temporal=temporary, system_prompt="sys"))
+
+
 async def test_put_task_row_and_event_share_one_seq(target: StorageTarget) -> None:
     async with open_storage(target) as st:
+        await conversations(st, "conv-ctx")
         before = st.hub.current_cursor()
         seq1 = await st.write(put("t1", "TASK_STATE_WORKING", None))
         seq2 = await st.write(put("t1", "TASK_STATE_COMPLETED", seq1, text="done"))
@@ -72,6 +84,7 @@ async def test_put_task_row_and_event_share_one_seq(target: StorageTarget) -> No
 
 async def test_stale_expect_seq_is_refused_and_uses_no_seq(target: StorageTarget) -> None:
     async with open_storage(target) as st:
+        await conversations(st, "conv-ctx")
         seq1 = await st.write(put("t1", "TASK_STATE_WORKING", None))
         seq2 = await st.write(put("t1", "TASK_STATE_CANCELED", seq1))
         with pytest.raises(ConflictError):
@@ -87,13 +100,14 @@ async def test_stale_expect_seq_is_refused_and_uses_no_seq(target: StorageTarget
 
 async def test_list_newest_first_paged_filtered_and_counted(target: StorageTarget) -> None:
     async with open_storage(target) as st:
+        await conversations(st, "conv-a", "conv-b")
         firsts = {}
         for i in range(5):
             firsts[f"t{i}"] = await st.write(
                 put(f"t{i}", "TASK_STATE_COMPLETED" if i % 2 else "TASK_STATE_WORKING", None,
                     context="a" if i < 3 else "b"))
         # A later change does not move a task in the listing (ordered by creation).
-        await st.write(put("t0", "TASK_STATE_FAILED", firsts["t0"]))
+        await st.write(put("t0", "TASK_STATE_FAILED", firsts["t0"], context="a"))
         rows, total = await st.reader.run(q.list_a2a_tasks, None, None, None, 2)
         assert [r.id for r in rows] == ["t4", "t3"] and total == 5
         rows, total = await st.reader.run(q.list_a2a_tasks, None, None, rows[-1].first_seq, 2)
@@ -114,6 +128,72 @@ async def test_list_newest_first_paged_filtered_and_counted(target: StorageTarge
         assert [r.id for r in running] == ["t2", "t4"]
 
 
+async def test_a_conversations_tasks_go_with_it_and_none_is_stored_for_one_gone(
+    target: StorageTarget,
+) -> None:
+    """Deleting a conversation deletes its A2A tasks in the same transaction (GetTask: not
+    found; the context no longer maps to it); a temporary conversation purged at start-up takes
+    its tasks too; a change for a task of a conversation that is gone is refused and takes no
+    seq, so no task row outlives its conversation."""
+    async with open_storage(target) as st:
+        await conversations(st, "conv-a", "conv-b")
+        await conversations(st, "conv-t", temporary=True)
+        a1 = await st.write(put("a1", "TASK_STATE_COMPLETED", None, context="a"))
+        a2 = await st.write(put("a2", "TASK_STATE_WORKING", None, context="a"))
+        await st.write(put("b1", "TASK_STATE_COMPLETED", None, context="b"))
+        await st.write(put("t1", "TASK_STATE_COMPLETED", None, context="t"))
+        assert a2 == a1 + 1
+        assert await st.write(ops.DeleteConversation(conversation_id="conv-a")) is True
+        for gone in ("a1", "a2"):
+            assert await st.reader.run(q.get_a2a_task, gone) is None
+        assert await st.reader.run(q.latest_a2a_task_of_context, "a") is None
+        rows, total = await st.reader.run(q.list_a2a_tasks, None, None, None, 10)
+        assert [r.id for r in rows] == ["t1", "b1"] and total == 2
+        assert await st.reader.run(
+            q.a2a_tasks_in_states, ("TASK_STATE_WORKING",)) == []  # nothing to recover
+        # The running task's last change, after its conversation went: refused, no seq used.
+        head = st.hub.current_cursor().offset
+        with pytest.raises(NotFoundError):
+            await st.write(put("a2", "TASK_STATE_FAILED", a2, context="a"))
+        with pytest.raises(NotFoundError):
+            await st.write(put("a3", "TASK_STATE_WORKING", None, context="a"))
+        assert st.hub.current_cursor().offset == head
+        assert await st.reader.run(q.get_a2a_task, "a2") is None
+        # A temporary conversation's cleanup (start-up) takes its tasks too.
+        assert await st.write(ops.PurgeTemporary()) == 1
+        assert await st.reader.run(q.get_a2a_task, "t1") is None
+        b1 = await st.reader.run(q.get_a2a_task, "b1")
+        assert b1 is not None and b1.conversation_id == "conv-b"
+        # A task with no conversation (an executor without one) needs none.
+        await st.write(ops.PutA2ATask(
+            task_id="n1", context_id="n", conversation_id=None, state="TASK_STATE_COMPLETED",
+            task=b"{}", update=b"{}", expect_seq=None))
+        assert await st.reader.run(q.get_a2a_task, "n1") is not None
+
+
+def test_tasks_of_a_conversation_deleted_in_the_same_batch_go_with_it(
+    target: StorageTarget,
+) -> None:
+    """One batch creates a conversation, stores a task of it, deletes it, then tries another
+    change: the task is not stored (the PostgreSQL statement cannot see its own inserts, so the
+    plan must drop it) and the change after the deletion is refused."""
+    if target.url is None:
+        w: Writer | PgWriter = Writer(target.path, synchronous="FULL", outbox_cap=1000,
+                                      outbox_ttl=3600)
+    else:
+        w = PgWriter(target.url, outbox_cap=1000, outbox_ttl=3600)
+    try:
+        create = ops.CreateConversation(conversation_id="conv-x", title=None, is_temporal=False,
+                                        system_prompt="s")
+        result = w.commit_batch([create, put("x1", "TASK_STATE_WORKING", None, context="x"),
+                                 ops.DeleteConversation(conversation_id="conv-x"),
+                                 put("x2", "TASK_STATE_WORKING", None, context="x")])
+        assert result.results[2] is True and isinstance(result.results[3], NotFoundError)
+        assert w.conn.execute("SELECT count(*) FROM a2a_task").fetchone() == (0,)
+    finally:
+        w.close()
+
+
 def test_version_1_database_migrates_to_the_current_version_keeping_its_rows(
     tmp_path: Path,
 ) -> None:
@@ -126,7 +206,7 @@ def test_version_1_database_migrates_to_the_current_version_keeping_its_rows(
                  "('schema_version', '1')")
     conn.execute("INSERT INTO conversation VALUES ('c1', NULL, 0, 1.0, 1.0, 7)")
     conn.close()
-    assert SCHEMA_VERSION == 3  # v2: a2a_task, v3: idempotency_key
+    assert SCHEMA_VERSION == 4  # v2: a2a_task, v3: idempotency_key, v4: tasks by conversation
     w = Writer(path, synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
     try:
         assert w.epoch == "e1" and w.next_seq == 8
@@ -134,7 +214,7 @@ def test_version_1_database_migrates_to_the_current_version_keeping_its_rows(
         assert version[0] == str(SCHEMA_VERSION)
         assert w.conn.execute("SELECT id FROM conversation").fetchall() == [("c1",)]
         assert w.conn.execute("SELECT count(*) FROM idempotency_key").fetchone() == (0,)
-        result = w.commit_batch([put("t1", "TASK_STATE_WORKING", None)])
+        result = w.commit_batch([put("t1", "TASK_STATE_WORKING", None, conversation="c1")])
         assert result.results == [8]
     finally:
         w.close()

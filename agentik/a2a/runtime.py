@@ -3,7 +3,8 @@
 - A ``contextId`` is one conversation: the first message of a context creates one (titled
   ``A2A <contextId>``), later ones use the conversation the context's latest task used, so any
   client-chosen ``contextId`` works and the exchange is an ordinary conversation over
-  ``/agentik`` too. A deleted conversation gives the context a new one.
+  ``/agentik`` too. A deleted conversation takes the context's tasks with it (storage
+  deletes them in the same transaction), so the context's next message starts a new one.
 - The message is sent like any other (``conversation.send``), so a busy conversation follows
   AGENTIK_BUSY_POLICY: ``queue`` (default) queues it; ``reject`` fails the send with a JSON-RPC
   error saying the conversation is busy (nothing stored); ``interrupt`` interrupts the running

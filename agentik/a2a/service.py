@@ -227,7 +227,8 @@ class A2AService:
                 return SendMessageResponse(message=run.reply)
             raise run.error or e.error(e.INTERNAL_ERROR, "no answer")
         stored = await self.store.get(run.request.task_id)
-        assert stored is not None
+        if stored is None:  # deleted with its conversation meanwhile
+            raise e.task_not_found(run.request.task_id)
         return SendMessageResponse(
             task=trim_task(stored.task, config.history_length if config else None)
         )
@@ -262,10 +263,12 @@ class A2AService:
         yield encode(StreamResponse(task=snapshot.task))
         if snapshot_ends and ends(snapshot.task.status.state):
             return
-        async for _, event in self.store.events(snapshot.task.id, snapshot.seq):
+        async for _, event in self.store.events(snapshot):
             yield bytes(event.update)
             if ends(event.state):
                 return
+        # The events end only when the task's conversation was deleted, and the task with it.
+        raise e.task_not_found(snapshot.task.id)
 
     # --- GetTask / ListTasks / CancelTask --------------------------------------------------------
 
@@ -319,7 +322,8 @@ class A2AService:
                 lambda task: None if task.status.state in TERMINAL else status_change(task, status),
             )
         final = await self.store.get(task_id)
-        assert final is not None
+        if final is None:  # deleted with its conversation meanwhile
+            raise e.task_not_found(task_id)
         if final.task.status.state != CANCELED:
             raise e.error(e.TASK_NOT_CANCELABLE,
                           f"task {task_id!r} ended {final.task.status.state} before the cancel")

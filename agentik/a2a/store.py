@@ -8,7 +8,10 @@ StreamResponse its subscribers get. So:
 - a subscription is "the task as of its seq N, then its events after N" (:meth:`events`), the
   same for every subscriber, with nothing lost in between (the cursor protocol);
 - changes of one task are serialised by a per-task lock here and made conditional on the seq
-  last read (``expect_seq``), so two writers can never both win.
+  last read (``expect_seq``), so two writers can never both win;
+- a task goes with its conversation (deleted, or a temporary one purged): reads no longer find
+  it, a change of it changes nothing (storage refuses a task of a conversation that is gone)
+  and its subscriptions end after the conversation's ``Deleted``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from agentik.a2a.types import (
     timestamp,
 )
 from agentik.agent import TaskRecords
+from agentik.errors import AgentikError, NotFoundError
 from agentik.wire import TaskUpdated
 
 if TYPE_CHECKING:
@@ -61,16 +65,14 @@ class TaskStore:
     def __init__(self, records: TaskRecords) -> None:
         self.records = records
         self._locks: dict[str, tuple[trio.Lock, int]] = {}
-        #: the last stored version of every task that is running (this process is the only
-        #: writer of its database, so it is authoritative); others are read from storage
+        #: the last stored version of every task that is running, the base of its next change
+        #: (this process is its only writer, so a stale one can only be refused: a conversation
+        #: deleted with its tasks); reads go to storage
         self._running: dict[str, StoredTask] = {}
 
     # --- reads -----------------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> StoredTask | None:
-        cached = self._running.get(task_id)
-        if cached is not None:
-            return cached
         row = await self.records.get(task_id)
         return None if row is None else _stored(row)
 
@@ -85,13 +87,11 @@ class TaskStore:
         rows, total = await self.records.page(context_id, state, before_first_seq, limit)
         return [_stored(r) for r in rows], total
 
-    async def events(
-        self, task_id: str, after_seq: int
-    ) -> AsyncIterator[tuple[int, TaskUpdated]]:
-        """The task's changes after ``after_seq`` (its seq at a snapshot), replayed then live, in
-        order, until the consumer stops."""
-        async for offset, event in self.records.updates(after_seq):
-            if event.task_id == task_id:
+    async def events(self, stored: StoredTask) -> AsyncIterator[tuple[int, TaskUpdated]]:
+        """The task's changes after ``stored`` (a snapshot of it), replayed then live, in order,
+        until the consumer stops, or until its conversation is deleted (and the task with it)."""
+        async for offset, event in self.records.updates(stored.seq, stored.conversation_id):
+            if event.task_id == stored.task.id:
                 yield offset, event
 
     # --- writes ----------------------------------------------------------------------------------
@@ -112,10 +112,15 @@ class TaskStore:
         self, task: Task, update: StreamResponse, conversation_id: str | None, expect: int | None,
         first_seq: int | None,
     ) -> StoredTask:
-        seq = await self.records.put(
-            task_id=task.id, context_id=task.context_id, conversation_id=conversation_id,
-            state=task.status.state, record=encode(task), update=encode(update), expect_seq=expect,
-        )
+        try:
+            seq = await self.records.put(
+                task_id=task.id, context_id=task.context_id, conversation_id=conversation_id,
+                state=task.status.state, record=encode(task), update=encode(update),
+                expect_seq=expect,
+            )
+        except AgentikError:
+            self._running.pop(task.id, None)  # the next change reads what is stored
+            raise
         stored = StoredTask(task, seq, seq if first_seq is None else first_seq, conversation_id)
         if task.status.state in TERMINAL or task.status.state in INTERRUPTED:
             self._running.pop(task.id, None)
@@ -136,19 +141,22 @@ class TaskStore:
     async def change(self, task_id: str, fn: Change) -> StoredTask | None:
         """Apply ``fn`` to the task's current version and store the result (serialised per task).
         Returns the stored version, the current one if ``fn`` changed nothing, None for an
-        unknown task."""
+        unknown task (also one deleted with its conversation meanwhile)."""
         lock = await self._lock(task_id)
         try:
             async with lock:
-                current = await self.get(task_id)
+                current = self._running.get(task_id) or await self.get(task_id)
                 if current is None:
                     return None
                 result = fn(current.task)
                 if result is None:
                     return current
                 task, update = result
-                return await self._put(task, update, current.conversation_id, current.seq,
-                                       current.first_seq)
+                try:
+                    return await self._put(task, update, current.conversation_id, current.seq,
+                                           current.first_seq)
+                except NotFoundError:  # its conversation was deleted, and the task with it
+                    return None
         finally:
             self._unlock(task_id)
 

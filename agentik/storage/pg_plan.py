@@ -186,6 +186,7 @@ class Plan:
         self.messages = [m for m in self.messages if m[2] != conversation_id]
         self.memory = [m for m in self.memory if m[0] != conversation_id]
         self.turns = {k: v for k, v in self.turns.items() if v[0] != conversation_id}
+        self.task_rows = [t for t in self.task_rows if t[2] != conversation_id]
         if conv.in_db:
             self.deleted.append(conversation_id)
         self.conv[conversation_id] = None
@@ -335,16 +336,16 @@ def _purge_temporary(p: Plan, op: ops.PurgeTemporary) -> Result:
 
 
 def _put_a2a_task(p: Plan, op: ops.PutA2ATask) -> Result:
+    if op.conversation_id is not None:  # its tasks went with it: none outlives it
+        p.require(op.conversation_id)
     stored = p.tasks.get(op.task_id)
     if isinstance(stored, tuple) or stored != op.expect_seq:
         shown = "changed in this batch" if isinstance(stored, tuple) else f"at seq {stored}"
         raise ConflictError(f"task {op.task_id!r} is {shown}, the change expected {op.expect_seq}")
-    rel = p.alloc()
-    p.tasks[op.task_id] = ("rel", rel)
+    p.tasks[op.task_id] = ("rel", rel := p.alloc())
     p.task_rows.append((op.task_id, op.context_id, op.conversation_id, op.state, rel, op.task))
-    p.emit(rel, op.conversation_id,
-           TaskUpdated(task_id=op.task_id, context_id=op.context_id, state=op.state,
-                       update=msgspec.Raw(op.update)), "a2a")
+    p.emit(rel, op.conversation_id, TaskUpdated(task_id=op.task_id, context_id=op.context_id,
+                                                state=op.state, update=msgspec.Raw(op.update)), "a2a")
     return lambda base: base + rel
 
 

@@ -24,7 +24,7 @@ import psycopg
 
 from agentik.storage.schema import apply_migrations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -113,8 +113,13 @@ CREATE TABLE idempotency_key (
 CREATE INDEX idempotency_key_by_expiry ON idempotency_key (expires_at);
 """
 
+#: a conversation's A2A tasks are deleted with it
+_V4 = """
+CREATE INDEX a2a_task_by_conversation ON a2a_task (conversation_id);
+"""
+
 #: version -> script that brings a schema from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 
 def migrate(conn: psycopg.Connection[Any]) -> str:

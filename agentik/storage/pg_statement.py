@@ -65,8 +65,10 @@ _TURN = """ti AS (INSERT INTO turn (id, conversation_id, state, seq)
 _TURN_RUN = """tr AS (UPDATE turn SET state = 'running' FROM c WHERE turn.id = ANY(%(t_run)b::text[]))"""
 _TURN_END = """td AS (DELETE FROM turn USING c
     WHERE turn.id = ANY(%(t_del)b::text[]) OR turn.conversation_id = ANY(%(del)b::text[]))"""
-#: a deleted conversation's rows (its outbox rows stay: they are the stream's history)
+#: a deleted conversation's rows and A2A tasks (its outbox rows stay: they are the stream's
+#: history; the plan drops task upserts of the batch for it)
 _DELETED = """dm AS (DELETE FROM message USING c WHERE message.conversation_id = ANY(%(del)b::text[])),
+da AS (DELETE FROM a2a_task USING c WHERE a2a_task.conversation_id = ANY(%(del)b::text[])),
 dw AS (DELETE FROM working_memory USING c WHERE working_memory.conversation_id = ANY(%(del)b::text[])),
 dc AS (DELETE FROM conversation USING c WHERE conversation.id = ANY(%(del)b::text[])),
 od AS (DELETE FROM conv_owner USING c WHERE conv_owner.conversation_id = ANY(%(del)b::text[]))"""

@@ -11,6 +11,7 @@ Tables:
   always one contiguous range.
 - ``a2a_task`` (v2): A2A tasks (SPEC §11). ``payload`` is the A2A Task JSON; ``first_seq`` is the
   offset of the task's first event, ``seq`` of its last change (both from the one counter).
+- ``a2a_task_by_conversation`` (v4): a conversation's tasks are deleted with it.
 - ``idempotency_key`` (v3): Idempotency-Keys of writes (``ops.Idempotency``), stored in the
   write's transaction; ``result_id`` is what the first write returned; rows past ``expires_at``
   are ignored and deleted by later writes.
@@ -23,7 +24,7 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -99,8 +100,12 @@ CREATE TABLE idempotency_key (
 CREATE INDEX idempotency_key_by_expiry ON idempotency_key (expires_at);
 """
 
+_V4 = """
+CREATE INDEX a2a_task_by_conversation ON a2a_task (conversation_id);
+"""
+
 #: version -> script that brings a database from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 
 def apply_migrations(

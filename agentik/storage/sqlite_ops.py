@@ -274,6 +274,8 @@ def _idempotent(
 
 
 def _put_a2a_task(conn: sqlite3.Connection, tx: Tx, op: ops.PutA2ATask) -> int:
+    if op.conversation_id is not None:  # its tasks went with it: none outlives it
+        conversation_exists(conn, op.conversation_id)
     row = conn.execute("SELECT seq FROM a2a_task WHERE id=?", (op.task_id,)).fetchone()
     stored = None if row is None else int(row[0])
     if stored != op.expect_seq:

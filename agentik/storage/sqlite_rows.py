@@ -1,6 +1,6 @@
 """Row-level writes of the SQLite writer's ops (``sqlite_ops``), inside the batch transaction:
 a durable event with its outbox row at the next seq (``emit``), a journal record, a working
-memory item, the conversation's seq bump, a whole conversation's deletion.
+memory item, the conversation's seq bump, a whole conversation's deletion (with its A2A tasks).
 
 Every time stored is ``tx.now`` (the writer's clock at this batch). Conversation existence is
 checked by the row count of the conversation UPDATE that every seq-taking op performs, i.e.
@@ -144,7 +144,7 @@ def touch(conn: sqlite3.Connection, tx: Tx, conversation_id: str) -> None:
 def delete_conversation(conn: sqlite3.Connection, tx: Tx, conversation_id: str, reason: str) -> None:
     seq = alloc(tx)
     emit(conn, tx, seq, conversation_id, ConversationClosing(reason=reason), kind="conversation")
-    for table in ("message", "working_memory", "turn"):
+    for table in ("message", "working_memory", "turn", "a2a_task"):  # its A2A tasks go too
         conn.execute(f"DELETE FROM {table} WHERE conversation_id=?", (conversation_id,))
     conn.execute("DELETE FROM conversation WHERE id=?", (conversation_id,))
     seq = alloc(tx)
