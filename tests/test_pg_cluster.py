@@ -23,6 +23,7 @@ from agentik.errors import (
     LeaseLostError,
     NotFoundError,
     NotOwnerError,
+    OutboxGapError,
     RuntimeClosedError,
 )
 from agentik.runtime import open_runtime
@@ -384,3 +385,50 @@ def test_postgres_schema_upgrades_in_place_and_refuses_a_newer_one(pg_url: str) 
         conn.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
         with pytest.raises(psycopg.DatabaseError, match="newer than this agentik"):
             pg_schema.migrate(conn)
+
+
+class _StalledReader:
+    """A node's feed reader that waits until ``go`` is set: the node falls behind."""
+
+    def __init__(self, reader: object) -> None:
+        self.reader = reader
+        self.go = trio.Event()
+
+    async def outbox_page(self, *args: object) -> object:
+        await self.go.wait()
+        return await self.reader.outbox_page(*args)  # type: ignore[attr-defined]
+
+
+async def test_trimmed_past_a_nodes_cursor_is_a_gap_on_that_node(pg_url: str) -> None:
+    """The outbox cap trims events another node's feed had not read yet: that node's live
+    subscribers are cut off and their stream reports the gap (410) instead of skipping; a new
+    stream from the oldest retained cursor gets every retained event, in order."""
+    async with node(pg_url, outbox_cap=10) as a, node(pg_url, outbox_cap=10) as b:
+        assert b.feed is not None
+        await create(a, "c1")
+        await read_offsets(b, 0, 1)  # b has offset 1
+        seen: list[int] = []
+        got_gap = trio.Event()
+
+        async def live_on_b() -> None:
+            with pytest.raises(OutboxGapError) as info:
+                async for batch in b.hub.stream(Cursor(epoch=b.epoch, offset=1)):
+                    seen.extend(ev.offset for ev in batch)
+            assert info.value.oldest.offset >= 2
+            got_gap.set()
+
+        stalled = _StalledReader(b.feed.reader)
+        async with trio.open_nursery() as n:
+            n.start_soon(live_on_b)
+            await trio.testing.wait_all_tasks_blocked()
+            b.feed.reader = stalled  # type: ignore[assignment]
+            for i in range(30):  # offsets 2..31; the cap keeps 22..31
+                await a.write(send("c1", f"m{i}"))
+            stalled.go.set()
+            with trio.fail_after(10):
+                await got_gap.wait()
+        assert seen == [] and b.feed.stats["gaps"] == 1
+        assert b.hub.current_cursor().offset == 31
+        oldest = b.hub.oldest_cursor()
+        assert oldest.offset == 21
+        assert await read_offsets(b, oldest.offset, 10) == list(range(22, 32))
