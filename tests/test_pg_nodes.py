@@ -26,7 +26,13 @@ import pytest
 import trio
 
 from agentik.client.http import AgentikAgent
-from agentik.errors import MailboxFullError, RuntimeClosedError, StorageError
+from agentik.errors import (
+    BusyError,
+    IdempotencyKeyReusedError,
+    MailboxFullError,
+    RuntimeClosedError,
+    StorageError,
+)
 from agentik.wire import AssistantMessage, CommonEvent, Cursor, Error, event_type
 from benchmarks.serverproc import free_port
 from tests.scripted_openai import Hang, ScriptedOpenAI
@@ -107,8 +113,10 @@ class Node:
 
 @asynccontextmanager
 async def cluster(pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path,
-                  n: int = 2) -> AsyncIterator[list[Node]]:
+                  n: int = 2, env: dict[str, str] | None = None) -> AsyncIterator[list[Node]]:
     nodes = [Node(f"n{i}", pg_url, scripted.base_url, tmp_path) for i in range(n)]
+    for node in nodes:
+        node.env.update(env or {})
     try:
         for node in nodes:
             await node.start()
@@ -319,6 +327,107 @@ async def test_frozen_node_loses_its_lease_and_its_late_write_is_refused(
             messages = await cb.journal.list(conversation_id=cid, limit=100)
             kinds = [type(m.message).__name__ for m in messages]
             assert kinds == ["UserMessage", "Error", "UserMessage", "AssistantMessage"], kinds
+        finally:
+            await ca.close()
+            await cb.close()
+
+
+async def test_idempotency_key_replayed_through_the_other_node(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """A retry that lands on another node (a load balancer does that) gets the first answer:
+    the same conversation, the same message id, nothing stored twice; another body with the
+    key is refused there too."""
+    async with cluster(pg_url, scripted, tmp_path) as (a, b):
+        ca, cb = AgentikAgent("ca", a.url), AgentikAgent("cb", b.url)
+        try:
+            conv = await ca.create_conversation(idempotency_key="create-1")
+            assert (await cb.create_conversation(idempotency_key="create-1")).id == conv.id
+            mid = await ca.send(conv.id, "hello", idempotency_key="send-1")
+            assert await cb.send(conv.id, "hello", idempotency_key="send-1") == mid
+            with pytest.raises(IdempotencyKeyReusedError):
+                await cb.send(conv.id, "another body", idempotency_key="send-1")
+            reader_b = Reader(b)
+            async with trio.open_nursery() as background:
+                background.start_soon(reader_b.run, (await cb.outbox.current_cursor()).epoch)
+                await reader_b.wait_for(lambda: mid in terminal_turns(reader_b.events))
+                background.cancel_scope.cancel()
+            assert terminal_turns(reader_b.events) == {mid: ["assistant_message"]}  # one turn
+            journal = await cb.journal.list(conversation_id=conv.id, limit=100)
+            assert [type(m.message).__name__ for m in journal] == ["UserMessage", "AssistantMessage"]
+            snapshot = await cb.conversations_snapshot()
+            assert [c.id for c in snapshot.conversations] == [conv.id]
+        finally:
+            await ca.close()
+            await cb.close()
+
+
+async def test_busy_policy_holds_across_nodes(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """A send through another node than the owner of a conversation with a running turn is
+    judged by the owner: reject gets 409 busy and stores nothing; interrupt cancels the turn
+    there and its message is answered next."""
+    async with cluster(pg_url, scripted, tmp_path) as (a, b):
+        ca, cb = AgentikAgent("ca", a.url), AgentikAgent("cb", b.url)
+        try:
+            reader_b = Reader(b)
+            async with trio.open_nursery() as background:
+                background.start_soon(reader_b.run, (await cb.outbox.current_cursor()).epoch)
+                cid, mid = await _start_long_answer(ca, scripted)  # a owns it, mid-answer
+                with pytest.raises(BusyError):
+                    await cb.send(cid, "are you busy?", on_busy="reject")
+                nxt = await cb.send(cid, "stop that", on_busy="interrupt")
+                await reader_b.wait_for(lambda: nxt in terminal_turns(reader_b.events))
+                background.cancel_scope.cancel()
+            turns = terminal_turns(reader_b.events)
+            assert turns[nxt] == ["assistant_message"]
+            assert mid in turns and "interrupted" in [event_type(e.event) for e in reader_b.events]
+            journal = await cb.journal.list(conversation_id=cid, limit=100)
+            users = [m for m in journal if type(m.message).__name__ == "UserMessage"]
+            assert [m.id for m in users] == [mid, nxt]  # the rejected send stored nothing
+        finally:
+            await ca.close()
+            await cb.close()
+
+
+async def _live_conversations(client: httpx2.AsyncClient) -> float:
+    text = (await client.get("/metrics")).text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("agentik_live_conversations ")))
+
+
+async def test_idle_passivation_then_a_message_on_the_other_node(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """The owner passivates an idle conversation and keeps its lease; a message arriving at the
+    other node goes to the owner, which loads it again and answers: no takeover, one actor."""
+    env = {"AGENTIK_IDLE_TIMEOUT": "0.5"}
+    async with cluster(pg_url, scripted, tmp_path, env=env) as (a, b):
+        ca, cb = AgentikAgent("ca", a.url), AgentikAgent("cb", b.url)
+        try:
+            reader_b = Reader(b)
+            async with trio.open_nursery() as background, \
+                    httpx2.AsyncClient(base_url=a.url) as http_a, \
+                    httpx2.AsyncClient(base_url=b.url) as http_b:
+                background.start_soon(reader_b.run, (await cb.outbox.current_cursor()).epoch)
+                conv = await ca.create_conversation()
+                first = await ca.send(conv.id, "hello")
+                await reader_b.wait_for(lambda: first in terminal_turns(reader_b.events))
+                with trio.fail_after(20):
+                    while await _live_conversations(http_a) != 0:  # noqa: ASYNC110 - passivated, another process
+                        await trio.sleep(0.1)
+                nxt = await cb.send(conv.id, "still there?")
+                await reader_b.wait_for(lambda: nxt in terminal_turns(reader_b.events))
+                assert await _live_conversations(http_b) == 0  # b ran nothing: a answered
+                background.cancel_scope.cancel()
+            assert terminal_turns(reader_b.events)[nxt] == ["assistant_message"]
+            import psycopg
+
+            with psycopg.connect(pg_url) as conn:
+                owner = conn.execute("SELECT node_id, fence FROM conv_owner WHERE conversation_id"
+                                     " = %s", (conv.id,)).fetchone()
+            assert owner == (a.name, 1)  # never taken over
         finally:
             await ca.close()
             await cb.close()
