@@ -44,6 +44,11 @@ STORAGE_BATCH = Histogram(
     "agentik_storage_batch_size", "Write requests committed in one transaction",
     buckets=_BATCH_BUCKETS, registry=REGISTRY,
 )
+STORAGE_ACCEPTING_WRITES = Gauge(
+    "agentik_storage_accepting_writes",
+    "1 while storage accepts writes, 0 while it refuses them (then /readyz is 503)",
+    registry=REGISTRY,
+)
 SSE_CONNECTIONS = Gauge(
     "agentik_sse_connections", "Open SSE streams", registry=REGISTRY,
 )

@@ -513,3 +513,37 @@ async def test_readiness_returns_without_traffic_once_writes_are_accepted(
         with trio.fail_after(10):
             await srv.agent.storage_health.wait_writable()
         assert (await client.get("/readyz")).json()["status"] == "ready"
+
+
+def accepting_writes(exposition: str) -> float:
+    """The value of ``agentik_storage_accepting_writes`` in a /metrics answer."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    (value,) = [s.value for family in text_string_to_metric_families(exposition)
+                for s in family.samples if s.name == "agentik_storage_accepting_writes"]
+    return float(value)
+
+
+async def test_metrics_gauge_says_whether_storage_accepts_writes(
+    tmp_path: Path, openai: ScriptedOpenAI, allow_error_logs: None
+) -> None:
+    """``agentik_storage_accepting_writes`` on /metrics is 1 while the store accepts writes, 0
+    from its first refused write (the SQLite database full), 1 again once its probe succeeds;
+    it says what /readyz says."""
+    refusal = Refusal("max_page_count", tmp_path)
+    async with (
+        serve_app(make_config(tmp_path, openai)) as srv,
+        httpx2.AsyncClient(base_url=srv.url, timeout=10) as client,
+    ):
+        with trio.fail_after(30):
+            assert accepting_writes((await client.get("/metrics")).text) == 1
+            cid = (await client.post("/agentik/conversations", json={})).json()["id"]
+            refusal.refuse()
+            assert await send(client, cid, "refused " + "z" * 20_000) is None
+            assert accepting_writes((await client.get("/metrics")).text) == 0
+            assert (await client.get("/readyz")).status_code == 503
+            refusal.allow()
+        with trio.fail_after(10):
+            await srv.agent.storage_health.wait_writable()
+        assert accepting_writes((await client.get("/metrics")).text) == 1
+        assert (await client.get("/readyz")).status_code == 200

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from agentik.errors import StorageUnavailableError
+from agentik.metrics import STORAGE_ACCEPTING_WRITES
 from agentik.storage import ops
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ RETRY = Backoff()
 class StorageHealth:
     """Whether the store accepts writes, as the writer last found it: every commit and every
     probe reports here (in the actor, before callers are answered). ``/readyz`` reads it through
-    the Agent; ``wait_writable`` wakes writers retrying a refused write once one succeeds."""
+    the Agent; ``wait_writable`` wakes writers retrying a refused write once one succeeds.
+    The gauge ``agentik_storage_accepting_writes`` follows ``writable`` (one store per
+    process)."""
 
     def __init__(self) -> None:
         self.writable = True
@@ -58,11 +61,13 @@ class StorageHealth:
         #: refused commits and probes in this outage
         self.refusals = 0
         self._changed = trio.Event()
+        STORAGE_ACCEPTING_WRITES.set(1)
 
     def refused(self, error: str) -> None:
         if self.writable:
             self.writable = False
             self.since = time.time()
+            STORAGE_ACCEPTING_WRITES.set(0)
             log.error("storage refuses writes: %s", error)
         self.error = error
         self.refusals += 1
@@ -74,6 +79,7 @@ class StorageHealth:
         log.warning("storage accepts writes again (refused for %.1f s, %d attempts)",
                     time.time() - (self.since or time.time()), self.refusals)
         self.writable, self.error, self.since, self.refusals = True, None, None, 0
+        STORAGE_ACCEPTING_WRITES.set(1)
         self._change()
 
     def _change(self) -> None:
