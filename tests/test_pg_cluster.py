@@ -427,7 +427,9 @@ async def test_trimmed_past_a_nodes_cursor_is_a_gap_on_that_node(pg_url: str) ->
             stalled.go.set()
             with trio.fail_after(10):
                 await got_gap.wait()
-        assert seen == [] and b.feed.stats["gaps"] == 1
+        # (a page the feed was already reading when it was stalled may have brought a few)
+        assert seen == list(range(2, 2 + len(seen))) and len(seen) < 20  # never a skip
+        assert b.feed.stats["gaps"] == 1
         assert b.hub.current_cursor().offset == 31
         oldest = b.hub.oldest_cursor()
         assert oldest.offset == 21
