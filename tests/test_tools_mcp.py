@@ -169,6 +169,13 @@ def test_valid_config_in_claude_desktop_format() -> None:
     assert parse_mcp_config('{"mcpServers": {}}') == {}
 
 
+def test_a_file_cut_short_says_where_it_ends() -> None:
+    # msgspec gives no byte offset for "truncated": the message must still point at a place.
+    with pytest.raises(ConfigError) as info:
+        parse_mcp_config('{"mcpServers": {\n  "a": {"command": "x"}\n')
+    assert "ends early, at line 3, column 1" in str(info.value), str(info.value)
+
+
 async def test_unreadable_or_broken_file(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.json")
     with pytest.raises(ConfigError, match=r"cannot read .*nope\.json"):

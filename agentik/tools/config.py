@@ -67,14 +67,21 @@ def _located(exc: msgspec.DecodeError, data: bytes | str) -> str:
     """msgspec's message with its byte offset given as line and column (1-based), as an editor
     shows them."""
     text = str(exc)
-    match = _BYTE.search(text)
-    if match is None:
-        return text
     raw = data.encode() if isinstance(data, str) else data
-    before = raw[: int(match.group(1))]
+    match = _BYTE.search(text)
+    if match is not None:
+        return f"{text[: match.start()]} at {_place(raw[: int(match.group(1))])}"
+    if "truncated" in text:
+        # A file cut short has no byte offset in msgspec's message: its end is the place.
+        return f"the JSON ends early, at {_place(raw)}"
+    return text
+
+
+def _place(before: bytes) -> str:
+    """'line L, column C' (1-based) of the byte just after ``before``."""
     line = before.count(b"\n") + 1
     column = len(before) - (before.rfind(b"\n") + 1) + 1
-    return f"{text[: match.start()]} at line {line}, column {column}"
+    return f"line {line}, column {column}"
 
 
 def parse_mcp_config(data: bytes | str, source: str = "the file") -> dict[str, ServerConfig]:
