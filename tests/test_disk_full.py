@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import sqlite3
 import subprocess
@@ -489,10 +490,13 @@ async def test_readyz_before_the_runtime_runs(tmp_path: Path, openai: ScriptedOp
 
 
 async def test_readiness_returns_without_traffic_once_writes_are_accepted(
-    refusal: Refusal, openai: ScriptedOpenAI, allow_error_logs: None
+    refusal: Refusal, openai: ScriptedOpenAI, allow_error_logs: None,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """One refused send makes /readyz 503; after the store accepts writes again, nothing else
-    is sent, and the writer's own probe brings /readyz back to 200 (within 10 s)."""
+    is sent, and the writer's own probe brings /readyz back to 200 (within 10 s). The outage is
+    logged once as an error and once when it ends, not once per refused attempt."""
+    caplog.set_level(logging.INFO, logger="agentik.storage")
     config = make_config(refusal.db_dir, openai, database_url=refusal.database_url)
     async with (
         serve_app(config) as srv,
@@ -513,6 +517,10 @@ async def test_readiness_returns_without_traffic_once_writes_are_accepted(
         with trio.fail_after(10):
             await srv.agent.storage_health.wait_writable()
         assert (await client.get("/readyz")).json()["status"] == "ready"
+    storage_lines = [r for r in caplog.records if r.name.startswith("agentik.storage")
+                     and r.levelno >= logging.WARNING]
+    assert [r.levelno for r in storage_lines] == [logging.ERROR, logging.WARNING], [
+        r.getMessage() for r in storage_lines]
 
 
 def accepting_writes(exposition: str) -> float:

@@ -289,11 +289,15 @@ async def _commit(
     try:
         result = await trio.to_thread.run_sync(writer.commit_batch, [r.op for r in batch])
     except StorageError as exc:
-        log.error("storage batch of %d failed: %s", len(batch), exc)
         error: type[StorageError] = StorageError
         if is_transient(exc):
+            # StorageHealth logs the outage once when it starts and once when it ends; retries
+            # during it are not news (one line per attempt would flood the log for its length).
+            log.debug("storage batch of %d refused: %s", len(batch), exc)
             error = StorageUnavailableError
             storage.health.refused(str(exc))
+        else:
+            log.error("storage batch of %d failed: %s", len(batch), exc)
         for req in batch:
             req.error = error(str(exc))
             req.done.set()
