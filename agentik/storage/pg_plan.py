@@ -136,10 +136,14 @@ class Plan:
             raise NotFoundError(f"conversation {conversation_id!r} not found")
         return conv
 
-    def bump(self, conv: Conv, rel: int, *, touch: bool = False, **changes: Any) -> Conv:
-        if touch:
-            changes["updated_at"] = self.now
-        new = dataclasses.replace(conv, seq=None, rel=rel, **changes)
+    def bump(self, conv: Conv, rel: int, *, touch: bool = False,
+             rename: tuple[str | None] | None = None) -> Conv:
+        """The conversation as changed at ``rel`` (touched: ``updated_at`` now; ``rename``: the
+        new title), as a new value: results made earlier in the batch keep the one they saw.
+        Made directly, without ``dataclasses.replace``: this runs for every journal row."""
+        title = conv.title if rename is None else rename[0]
+        new = Conv(conv.id, title, conv.is_temporal, conv.created_at,
+                   self.now if touch else conv.updated_at, None, rel, conv.in_db, conv.max_order)
         self.conv[conv.id] = new
         return new
 
@@ -223,7 +227,7 @@ def _delete_op(p: Plan, op: ops.DeleteConversation) -> Result:
 def _rename(p: Plan, op: ops.RenameConversation) -> Result:
     conv = p.require(op.conversation_id)
     rel = p.alloc()
-    conv = p.bump(conv, rel, touch=True, title=op.title)
+    conv = p.bump(conv, rel, touch=True, rename=(op.title,))
     p.emit(rel, conv.id, Renamed(conversation_id=conv.id, title=op.title, updated_at=p.now),
            "agent")
     return lambda base: conv.record(base)
