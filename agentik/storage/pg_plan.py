@@ -1,13 +1,11 @@
 """Planning a PostgreSQL batch: each op is turned into rows with batch-relative offsets.
 
-The batch is planned in Python from one read of the rows it touches (``PgWriter._load``: the
-conversations, their working-memory length, ...). Each op is checked first and refused
-(AgentikError) before it takes anything, so a refusal never leaves a hole; then it adds rows with
-batch-relative offsets ``rel`` (1..n). The one commit statement (``pg_statement``) bumps the
-counter by ``n`` and stores every row at ``base + rel``. Because the offset is only known inside
-the statement, outbox payloads are stored with offset 0 in their cursor and records (readers
-stamp the real offset on read, ``pg_reader.stamp``); results go back to callers built from
-``base`` after commit (:data:`Result`), and so do this node's events (:meth:`Plan.events`).
+Planned from one read of the rows the batch touches (``PgWriter._load``). Each op is checked
+first and refused (AgentikError) before it takes anything, so a refusal never leaves a hole; then
+it adds rows at batch-relative offsets ``rel`` (1..n), stored at ``base + rel`` by the commit
+statement (``pg_statement``). The offset is known only inside the statement, so outbox payloads
+carry offset 0 (readers stamp it, ``pg_reader.stamp``); results (:data:`Result`) and this node's
+events (:meth:`Plan.events`) are built from ``base`` after commit.
 """
 
 from __future__ import annotations
@@ -138,9 +136,8 @@ class Plan:
 
     def bump(self, conv: Conv, rel: int, *, touch: bool = False,
              rename: tuple[str | None] | None = None) -> Conv:
-        """The conversation as changed at ``rel`` (touched: ``updated_at`` now; ``rename``: the
-        new title), as a new value: results made earlier in the batch keep the one they saw.
-        Made directly, without ``dataclasses.replace``: this runs for every journal row."""
+        """The conversation as changed at ``rel`` (a new value: earlier results keep theirs);
+        made directly, not by ``dataclasses.replace``: it runs for every journal row."""
         title = conv.title if rename is None else rename[0]
         new = Conv(conv.id, title, conv.is_temporal, conv.created_at,
                    self.now if touch else conv.updated_at, None, rel, conv.in_db, conv.max_order)
@@ -355,9 +352,8 @@ def _put_a2a_task(p: Plan, op: ops.PutA2ATask) -> Result:
 
 def _idempotent(p: Plan, idem: ops.Idempotency | None, result_id: str,
                 write: Callable[[], Result]) -> Result:
-    """The SQLite writer's ``_idempotent``, planned: a stored (or earlier in this batch) key
-    replays its first answer, another body with it is refused, a free key is stored with
-    the write in the batch's one statement."""
+    """The SQLite writer's ``_idempotent``, planned: a known key replays its first answer,
+    another body with it is refused, a free key is stored with the write."""
     if idem is None:
         return write()
     known = p.idem.get(idem.key)
