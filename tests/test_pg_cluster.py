@@ -6,6 +6,7 @@ one node resumes on another."""
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -25,6 +26,7 @@ from agentik.errors import (
     NotOwnerError,
     OutboxGapError,
     RuntimeClosedError,
+    StorageUnavailableError,
 )
 from agentik.runtime import open_runtime
 from agentik.storage import ops, pg_schema
@@ -434,3 +436,46 @@ async def test_trimmed_past_a_nodes_cursor_is_a_gap_on_that_node(pg_url: str) ->
         oldest = b.hub.oldest_cursor()
         assert oldest.offset == 21
         assert await read_offsets(b, oldest.offset, 10) == list(range(22, 32))
+
+
+async def test_a_node_that_cannot_write_is_not_ready_while_the_others_are(pg_url: str) -> None:
+    """Readiness (``/readyz`` reads ``Storage.health``) is per node: the node whose database
+    session went read-only refuses writes (503, nothing stored) and reports it; the other node
+    keeps writing; once the session can write again the node's probe finds it, without traffic."""
+    role = f"agentik_{uuid.uuid4().hex[:10]}"
+    schema = pg_url.rsplit("%3D", 1)[1]
+    admin = psycopg.connect(PG_BASE_URL, autocommit=True)
+    try:
+        async with node(pg_url) as b:  # makes the tables
+            admin.execute(f"CREATE ROLE {role} LOGIN")  # type: ignore[arg-type]
+            admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}; "  # type: ignore[arg-type]
+                          f"GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {role}; "
+                          f"GRANT ALL ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
+            async with node(pg_url.replace("postgres@", f"{role}@", 1)) as a:
+                assert a.feed is not None
+                await create(a, "ca")
+                await create(b, "cb")
+                admin.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")  # type: ignore[arg-type]
+                admin.execute("SELECT pg_terminate_backend(%s)", (a.feed.writer.backend_pid,))
+                with pytest.raises(StorageUnavailableError):  # the lost connection
+                    await a.write(send("ca", "a0"))
+                with pytest.raises(StorageUnavailableError, match="read-only"):  # reconnected
+                    await a.write(send("ca", "a1"))
+                assert await a.reader.run(q.journal_count, "ca", 0) == 0  # nothing stored
+                await b.write(send("cb", "b0"))  # the other node is not affected
+                assert b.health.writable and not a.health.writable
+                assert a.health.error is not None and "read-only" in a.health.error
+                admin.execute(f"ALTER ROLE {role} RESET default_transaction_read_only")  # type: ignore[arg-type]
+                admin.execute("SELECT pg_terminate_backend(%s)", (a.feed.writer.backend_pid,))
+                with trio.fail_after(30):
+                    await a.health.wait_writable()  # the probe, no write needed
+                await a.write(send("ca", "a-after"))
+    finally:
+        if _role_exists(admin, role):
+            admin.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
+        admin.execute(f"DROP ROLE IF EXISTS {role}")  # type: ignore[arg-type]
+        admin.close()
+
+
+def _role_exists(conn: psycopg.Connection[object], role: str) -> bool:
+    return conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
