@@ -51,6 +51,8 @@ TOKENS = 50
 #: the second token count of the CPU split (same N, same pace)
 LONG_TOKENS = 200
 DELAY = 0.05
+#: a worker's bound on its whole load (N=500 x slow 200 is 100k tokens: over a minute here)
+WORKER_TIMEOUT = 600
 TICK = os.sysconf("SC_CLK_TCK")
 UNLIMITED = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
 
@@ -273,7 +275,7 @@ async def _direct_turns(url: str, count: int, tokens: int, go: trio.Event) -> li
 
 async def _worker(mode: str, url: str, count: int, tokens: int) -> None:
     go = trio.Event()
-    with trio.fail_after(120):
+    with trio.fail_after(WORKER_TIMEOUT):
         run = _agentik_turns if mode == "agentik" else _direct_turns
         turns = await run(url, count, tokens, go)
     print(msgspec.json.encode(turns).decode(), flush=True)
@@ -302,7 +304,7 @@ async def _load(mode: str, url: str, n: int, tokens: int, pid: int | None = None
     counts = [n // PROCESSES + (1 if i < n % PROCESSES else 0) for i in range(PROCESSES)]
     procs = [_spawn_worker(mode, url, c, tokens) for c in counts if c]
     try:
-        with trio.fail_after(180):
+        with trio.fail_after(WORKER_TIMEOUT + 60):
             for p in procs:
                 assert p.stdout is not None
                 line = await trio.to_thread.run_sync(p.stdout.readline)
