@@ -90,3 +90,18 @@ async def test_failures_are_the_sdks_own_exceptions() -> None:
                 raise AssertionError("no error")
     finally:
         await closed.aclose()
+
+
+def test_an_sdk_with_other_internals_goes_through_create() -> None:
+    """The direct path leans on the SDK client's private parts; an SDK release that renames one
+    must fall back to ``create`` at construction, not fail on the first request."""
+    from agentik.llm.openai_http import ChatEndpoint
+
+    def renamed(self: openai.AsyncOpenAI) -> None:
+        raise AttributeError("renamed in a later release")
+
+    class LaterSdk(openai.AsyncOpenAI):
+        _prepare_url = property(renamed)  # type: ignore[assignment]
+
+    assert ChatEndpoint(openai.AsyncOpenAI(api_key="k", base_url="http://127.0.0.1:1/v1")).direct
+    assert not ChatEndpoint(LaterSdk(api_key="k", base_url="http://127.0.0.1:1/v1")).direct

@@ -33,6 +33,8 @@ __all__ = ["ChatEndpoint", "data_lines"]
 
 #: the SDK client's other ways to authenticate (each None in plain API-key mode)
 _AUTH_MODES = ("_provider_runtime", "_workload_identity_auth", "_api_key_provider")
+#: the SDK client's private parts the direct path uses
+_INTERNALS = ("_client", "_prepare_url", "_make_status_error_from_response", "auth_headers")
 #: what the SDK counts as a failed request (``openai._base_client.request_exceptions``)
 _REQUEST_ERRORS = (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream)
 
@@ -42,12 +44,14 @@ class ChatEndpoint:
 
     def __init__(self, client: openai.AsyncOpenAI) -> None:
         self._client = client
-        self.url = client._prepare_url("chat/completions")
         self._headers: dict[str, str] | None = None
         #: sent directly only in the SDK's plain API-key mode (no workload identity, provider or
-        #: key provider: their auth is the SDK's business); otherwise, or with an SDK that has
-        #: other internals, through ``create``
-        self.direct = all(getattr(client, name, "unknown") is None for name in _AUTH_MODES)
+        #: key provider: their auth is the SDK's business); otherwise, or with an SDK whose
+        #: internals are not the ones this module uses (a later release may rename them),
+        #: through ``create``
+        self.direct = all(getattr(client, name, "unknown") is None for name in _AUTH_MODES) and all(
+            hasattr(client, name) for name in _INTERNALS)
+        self.url = client._prepare_url("chat/completions") if self.direct else ""
 
     def headers(self) -> dict[str, str]:
         """The SDK's default and auth headers (computed once: the key is fixed; a header the
