@@ -15,9 +15,10 @@ nodes on one database). The contract both keep (SPEC §4, §12):
   cursor and publishes every node's events in offset order (``publishes_commits`` False); its own
   batch's events it publishes as the writer returned them when nothing came before them;
 - a failed batch is *transient* (the store refuses writes for now: disk or database full,
-  read-only, I/O error, lost connection) unless the database said the batch itself is wrong
-  (:func:`is_transient`); while writes are refused, the StorageActor probes the engine with
-  :func:`probe_write` so readiness (``/readyz``) returns without traffic;
+  read-only, I/O error, lost connection, a revoked privilege) unless the database said the
+  batch itself is wrong (:func:`is_transient`); while writes are refused, the StorageActor
+  probes the engine with :func:`probe_write` so readiness (``/readyz``) returns without
+  traffic;
 - readers: ``run(fn, *args)`` runs a query function of ``agentik.storage.queries`` with a pooled
   connection in a worker thread (the functions are written once, in SQL both engines accept);
   ``outbox_page`` is the one read whose SQL differs.
@@ -46,13 +47,24 @@ _PERMANENT = frozenset({"IntegrityError", "ProgrammingError", "DataError", "NotS
                         "InterfaceError"})
 
 
+#: SQLSTATEs that say the store refuses writes for now although their DB-API class says the
+#: batch is wrong: 42501 insufficient_privilege (psycopg's InsufficientPrivilege is a
+#: ProgrammingError): an operator revoked the role's INSERT/UPDATE; granted back, the same write
+#: succeeds. (SQLite's equivalent, "attempt to write a readonly database", is an
+#: OperationalError: transient by its class.)
+_TRANSIENT_SQLSTATES = frozenset({"42501"})
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a failed commit (a StorageError raised from the engine's error) may succeed
     later: True for the store refusing writes (SQLite "database or disk is full", "attempt to
     write a readonly database", "disk I/O error", "database is locked"; PostgreSQL disk full,
-    a read-only transaction, a lost connection), False when the database blamed the batch."""
+    a read-only transaction, a lost connection, insufficient privilege), False when the
+    database blamed the batch."""
     cause = exc.__cause__
     if cause is None:
+        return True
+    if getattr(cause, "sqlstate", None) in _TRANSIENT_SQLSTATES:
         return True
     return not any(cls.__name__ in _PERMANENT for cls in type(cause).__mro__)
 

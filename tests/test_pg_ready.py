@@ -1,0 +1,162 @@
+"""Issues 11 #5 and 17: ``/readyz`` means the same in a PostgreSQL cluster. A node that cannot
+heartbeat its leases cannot run conversations, so it is not ready; a role that lost its write
+privilege (an operator's REVOKE) is a store refusing writes for now, not a wrong batch: the node
+is not ready and an accepted turn's writes are retried until the privilege returns.
+
+Real server (hypercorn on 127.0.0.1), real PostgreSQL, a schema per test and a non-superuser
+role per test (trust auth; the server connects as the role with ``user=`` in its URL).
+"""
+
+# ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import psycopg
+import pytest
+import trio
+
+from agentik.errors import StorageError
+from agentik.storage.engine import is_transient
+from tests.conftest import PG_BASE_URL
+from tests.scripted_openai import Reply, ScriptedOpenAI
+from tests.webutil import (  # noqa: F401 - fixtures are used by name
+    Server,
+    allow_error_logs,
+    make_config,
+    no_error_logs,
+    open_sse,
+    openai,
+    serve_app,
+)
+
+#: how often the tests poll a route: readiness has no event a client can wait on
+POLL = 0.05
+
+
+@dataclass
+class Role:
+    name: str
+    schema: str
+    url: str
+    admin: psycopg.Connection[Any]
+
+    def sql(self, statement: str) -> None:
+        self.admin.execute(statement.format(role=self.name, schema=self.schema))  # type: ignore[arg-type]
+
+
+@contextmanager
+def login_role(pg_url: str) -> Iterator[Role]:
+    """A non-superuser role that owns the test's schema; dropped afterwards."""
+    name = f"agentik_{uuid.uuid4().hex[:10]}"
+    schema = pg_url.rsplit("%3D", 1)[1]
+    admin = psycopg.connect(PG_BASE_URL, autocommit=True)
+    role = Role(name, schema, pg_url.replace("postgres@", f"{name}@", 1), admin)
+    assert role.url != pg_url
+    try:
+        role.sql("CREATE ROLE {role} LOGIN")
+        role.sql("GRANT ALL ON SCHEMA {schema} TO {role}")
+        yield role
+    finally:
+        if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+            role.sql("DROP OWNED BY {role}")  # its tables in the test's schema, its grants
+            role.sql("DROP ROLE {role}")
+        admin.close()
+
+
+def text(body: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "body": body}]}
+
+
+async def ready_until(client: httpx2.AsyncClient, status: int) -> dict[str, Any]:
+    """Poll /readyz until it answers ``status``; its body."""
+    while True:
+        response = await client.get("/readyz")
+        if response.status_code == status:
+            return dict(response.json())
+        await trio.sleep(POLL)
+
+
+async def answered(client: httpx2.AsyncClient, cid: str, turn: str) -> dict[str, Any]:
+    """The terminal record of ``turn``, once it is stored (read from the live stream's wake-ups
+    and the journal)."""
+    async with open_sse(client, f"/agentik/conversations/{cid}/live") as stream:
+        while True:
+            response = await client.get(f"/agentik/conversations/{cid}/messages",
+                                        params={"limit": 1000})
+            assert response.status_code == 200, response.text
+            for r in response.json():
+                m = r["message"]
+                if m["type"] in ("assistant_message", "error") and m.get("turn_id") == turn:
+                    return dict(m)
+            await stream.next_event()
+
+
+async def test_a_revoked_write_privilege_is_transient_until_granted_back(
+    pg_url: str, openai: ScriptedOpenAI, allow_error_logs: None, tmp_path: Any
+) -> None:
+    """An operator revokes INSERT/UPDATE on agentik's tables from the node's role mid-turn (the
+    lease tables stay writable, so only storage refuses): writes answer 503 ``storage``,
+    /readyz 503 with PostgreSQL's "permission denied", the accepted turn's answer waits; after
+    GRANT (no restart, no traffic) the probe finds the store writable, /readyz is 200 and the
+    turn gets its terminal record, its whole answer."""
+    gate = trio.Event()
+    openai.push(Reply(["the whole ", "answer"], gate=gate))
+    openai.default = Reply("fine")
+    with login_role(pg_url) as role:
+        config = make_config(tmp_path, openai, database_url=role.url)
+        async with (
+            serve_app(config) as srv,
+            httpx2.AsyncClient(base_url=srv.url, timeout=10) as client,
+        ):
+            with trio.fail_after(30):
+                cid = (await client.post("/agentik/conversations", json={})).json()["id"]
+                async with open_sse(client, f"/agentik/conversations/{cid}/live") as stream:
+                    sent = await client.post(f"/agentik/conversations/{cid}/messages",
+                                             json=text("tell me"))
+                    assert sent.status_code == 202, sent.text
+                    await stream.until("append_text")  # mid-answer, held by the gate
+                turn = sent.json()["message_id"]
+                role.sql("REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} FROM {role}")
+                role.sql("GRANT INSERT, UPDATE ON {schema}.nodes, {schema}.conv_owner TO {role}")
+                gate.set()  # the answer arrives and cannot be stored
+                health = srv.agent.storage_health
+                await health.wait_writable(False)
+                body = await ready_until(client, 503)
+                assert body["storage"]["writable"] is False, body
+                assert "permission denied" in body["storage"]["error"], body
+                assert body["reasons"][0].startswith("storage refuses writes: "), body
+                during = await client.post(f"/agentik/conversations/{cid}/messages",
+                                           json=text("during"))
+                assert during.status_code == 503, during.text
+                assert during.json()["error"]["code"] == "storage", during.text
+
+                role.sql("GRANT INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+                await health.wait_writable()  # the probe: nothing else is sent
+                assert (await ready_until(client, 200))["status"] == "ready"
+                end = await answered(client, cid, turn)
+                assert end["type"] == "assistant_message", end
+                assert end["content"][0]["body"] == "the whole answer", end
+                assert not end["interrupted"], end
+        assert not srv.fatal
+
+
+def test_insufficient_privilege_from_the_server_is_transient(pg_url: str) -> None:
+    """The psycopg error PostgreSQL raises for a revoked privilege (SQLSTATE 42501, a
+    ProgrammingError) is transient; other ProgrammingErrors (bad SQL) stay permanent."""
+    with login_role(pg_url) as role:
+        role.sql("CREATE TABLE {schema}.t (x int)")
+        with psycopg.connect(role.url, autocommit=True) as conn:
+            for sql, transient in (("INSERT INTO t VALUES (1)", True), ("SELEC 1", False)):
+                with pytest.raises(psycopg.ProgrammingError) as raised:
+                    conn.execute(sql)  # type: ignore[arg-type]
+                try:
+                    raise StorageError(f"write failed: {raised.value}") from raised.value
+                except StorageError as exc:
+                    assert is_transient(exc) is transient, (sql, raised.value)
