@@ -113,6 +113,14 @@ class LocalAgent:
         return self._deps.storage.health
 
     @property
+    def lease_error(self) -> str | None:
+        """PostgreSQL cluster: why this node cannot hold conversation leases now (its heartbeat
+        fails, or it stopped its actors for want of one in time), so it cannot run
+        conversations: ``/readyz``. None while it heartbeats, and always on SQLite."""
+        leases = self._deps.storage.leases
+        return None if leases is None else leases.not_ready()
+
+    @property
     def task_records(self) -> TaskRecords:
         """Durable task records under the shared counter (the A2A facade's tasks, SPEC §11)."""
         return TaskRecords(self._deps.storage)

@@ -118,7 +118,8 @@ class ToolServerProblem(Wire, frozen=True, kw_only=True):
 class Readiness(Wire, frozen=True, kw_only=True):
     """``GET /readyz``. ``status``: ``ready`` (200); ``degraded`` (200: serving, but the MCP
     servers in ``tools`` failed, so their tools are missing); ``not_ready`` (503: the runtime is
-    not running, or storage refuses writes). ``reasons``: one line per problem, in that order.
+    not running, storage refuses writes, or a cluster node cannot heartbeat its leases).
+    ``reasons``: one line per problem, in that order.
     ``runtime``: starting | running | stopping | dead. ``storage`` is absent while the runtime
     is not running."""
 

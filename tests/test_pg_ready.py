@@ -98,6 +98,56 @@ async def answered(client: httpx2.AsyncClient, cid: str, turn: str) -> dict[str,
             await stream.next_event()
 
 
+async def test_a_node_that_cannot_heartbeat_its_leases_is_not_ready_until_it_can(
+    pg_url: str, openai: ScriptedOpenAI, allow_error_logs: None, tmp_path: Any
+) -> None:
+    """The lease heartbeat fails (INSERT/UPDATE on ``nodes`` revoked from the node's role; its
+    other writes still work): /readyz 503 with "leases: cannot heartbeat: <why>" while storage
+    itself is writable; past 0.6 TTL the node stops its actors and refuses to run
+    conversations (503 lease_lost). Once heartbeats succeed again: 200, and a turn runs."""
+    openai.default = Reply("fine")
+    with login_role(pg_url) as role:
+        config = make_config(tmp_path, openai, database_url=role.url, lease_ttl=1.0)
+        async with (
+            serve_app(config) as srv,
+            httpx2.AsyncClient(base_url=srv.url, timeout=10) as client,
+        ):
+            with trio.fail_after(30):
+                assert (await ready_until(client, 200))["status"] == "ready"
+                cid = (await client.post("/agentik/conversations", json={})).json()["id"]
+                sent = await client.post(f"/agentik/conversations/{cid}/messages",
+                                         json=text("hello"))
+                assert sent.status_code == 202, sent.text
+                await answered(client, cid, sent.json()["message_id"])
+
+                role.sql("REVOKE INSERT, UPDATE ON {schema}.nodes FROM {role}")
+                body = await ready_until(client, 503)
+                assert body["status"] == "not_ready" and body["runtime"] == "running", body
+                assert body["storage"]["writable"] is True, body
+                (reason,) = body["reasons"]
+                assert reason.startswith("leases: cannot heartbeat: "), body
+                assert "permission denied" in reason, body
+                while True:  # past 0.6 TTL it stops its actors and claims nothing
+                    refused = await client.post(f"/agentik/conversations/{cid}/messages",
+                                                json=text("refused"))
+                    if refused.status_code == 503:
+                        break
+                    assert refused.status_code == 202, refused.text
+                    await trio.sleep(POLL)
+                assert refused.json()["error"]["code"] == "lease_lost", refused.text
+                assert (await client.get("/readyz")).status_code == 503
+                assert (await client.get("/healthz")).status_code == 200  # liveness is not it
+
+                role.sql("GRANT INSERT, UPDATE ON {schema}.nodes TO {role}")
+                assert (await ready_until(client, 200))["reasons"] == []
+                after = await client.post(f"/agentik/conversations/{cid}/messages",
+                                          json=text("and now?"))
+                assert after.status_code == 202, after.text
+                end = await answered(client, cid, after.json()["message_id"])
+                assert end["type"] == "assistant_message", end
+        assert not srv.fatal
+
+
 async def test_a_revoked_write_privilege_is_transient_until_granted_back(
     pg_url: str, openai: ScriptedOpenAI, allow_error_logs: None, tmp_path: Any
 ) -> None:

@@ -78,6 +78,8 @@ class Leases:
         self.addr = addr
         self.fences: dict[str, int] = {}
         self.healthy = False
+        #: why the last heartbeat failed; None after a successful one (``not_ready``)
+        self.heartbeat_error: str | None = None
         #: set by the runtime: stop the local actor of a conversation (its turn ends stored)
         self.on_stop: Callable[[str], Awaitable[None]] | None = None
         #: set by run_storage: commit an op through the node's StorageActor
@@ -126,7 +128,7 @@ class Leases:
             line="heartbeat", addr=self.addr,
         )
         self._last_ok = trio.current_time()
-        self.healthy = True
+        self.healthy, self.heartbeat_error = True, None
         self.stats["heartbeats"] += 1
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -146,6 +148,7 @@ class Leases:
                         await self._heartbeat()
                     except StorageError as exc:
                         self.stats["missed"] += 1
+                        self.heartbeat_error = str(exc)
                         log.warning("node %s: heartbeat failed: %s", self.node_id, exc)
                         continue
                     try:
@@ -157,6 +160,17 @@ class Leases:
                 conn, box[0] = box[0], None
                 if conn is not None:
                     conn.close()
+
+    def not_ready(self) -> str | None:
+        """Why this node cannot run conversations now (``/readyz``): its last heartbeat failed,
+        or it stopped its actors for want of one in time (a heartbeat hanging); None while it
+        heartbeats."""
+        if self.heartbeat_error is not None:
+            return self.heartbeat_error
+        if not self.healthy:
+            return (f"no heartbeat for {trio.current_time() - self._last_ok:.1f} s "
+                    f"(TTL {self.ttl:g} s): its actors are stopped")
+        return None
 
     async def _watchdog(self) -> None:
         """Independent of how long a heartbeat query hangs: past STOP_AFTER x TTL without a

@@ -153,11 +153,13 @@ async def cursor() -> Response:
 
 @bp.get("/readyz")
 async def readyz() -> Response:
-    """Readiness: 503 ``not_ready`` while the runtime is not running or storage refuses writes
-    (the writer's last commit or probe failed); else 200, ``degraded`` when MCP servers failed.
-    A failed MCP server does not make the node unready on purpose: every node has the same
-    servers, conversations still run (without those tools), and taking nodes out of a load
-    balancer would not bring the server back; ``tools`` and ``reasons`` say which and why.
+    """Readiness: 503 ``not_ready`` while the runtime is not running, storage refuses writes
+    (the writer's last commit or probe failed) or, in a PostgreSQL cluster, the node cannot
+    heartbeat its leases (so it cannot run conversations); else 200, ``degraded`` when MCP
+    servers failed. A failed MCP server does not make the node unready on purpose: every node
+    has the same servers, conversations still run (without those tools), and taking nodes out
+    of a load balancer would not bring the server back; ``tools`` and ``reasons`` say which
+    and why.
     Public like /healthz; with auth on, the error texts (paths, hosts, a server's stderr) are
     given only to a request with a valid token."""
     st = state()
@@ -176,6 +178,10 @@ async def readyz() -> Response:
     reasons: list[str] = []
     if not health.writable:
         reasons.append("storage refuses writes" + (f": {error}" if error else ""))
+    lease_error = agent.lease_error
+    if lease_error is not None:
+        reasons.append("leases: cannot heartbeat" + (f": {lease_error}" if detail else ""))
+    ready = health.writable and lease_error is None
     problems = [
         ToolServerProblem(name=str(s.get("name")), state=str(s.get("state")),
                           error=s.get("error") if detail else None)
@@ -184,12 +190,12 @@ async def readyz() -> Response:
     ]
     reasons += [f"MCP server {p.name!r} failed" + (f": {p.error}" if p.error else "")
                 for p in problems]
-    status = "not_ready" if not health.writable else "degraded" if problems else "ready"
+    status = "not_ready" if not ready else "degraded" if problems else "ready"
     body = Readiness(
         status=status, runtime="running", reasons=reasons, tools=problems,
         storage=StorageReadiness(writable=health.writable, error=error, since=health.since),
     )
-    return json_response(body, 200 if health.writable else 503)
+    return json_response(body, 200 if ready else 503)
 
 
 def _may_see_details(tokens: Sequence[str]) -> bool:
