@@ -148,6 +148,54 @@ async def test_a_node_that_cannot_heartbeat_its_leases_is_not_ready_until_it_can
         assert not srv.fatal
 
 
+async def test_a_node_whose_heartbeat_hangs_stops_its_actors_and_is_not_ready(
+    pg_url: str, openai: ScriptedOpenAI, allow_error_logs: None, tmp_path: Any
+) -> None:
+    """The heartbeat hangs (another session holds the ``nodes`` rows FOR UPDATE; the writer's
+    reads of them are not blocked): past 0.6 TTL the watchdog stops the node's actors and
+    /readyz is 503 "leases: cannot heartbeat: no heartbeat for ..." (the why only with a
+    token, auth being on); when the lock goes, the heartbeat completes: 200, a turn runs."""
+    openai.default = Reply("fine")
+    schema = pg_url.rsplit("%3D", 1)[1]
+    config = make_config(tmp_path, openai, database_url=pg_url, lease_ttl=1.0,
+                         tokens=("s3cret",))
+    auth = {"Authorization": "Bearer s3cret"}
+    locker = psycopg.connect(PG_BASE_URL)  # a transaction stays open while it holds the lock
+    try:
+        async with (
+            serve_app(config) as srv,
+            httpx2.AsyncClient(base_url=srv.url, timeout=10, headers=auth) as client,
+            httpx2.AsyncClient(base_url=srv.url, timeout=10) as public,
+        ):
+            with trio.fail_after(30):
+                assert (await ready_until(public, 200))["status"] == "ready"
+                cid = (await client.post("/agentik/conversations", json={})).json()["id"]
+                locker.execute(f"SELECT 1 FROM {schema}.nodes FOR UPDATE")  # type: ignore[arg-type]
+                body = await ready_until(client, 503)
+                (reason,) = body["reasons"]
+                assert reason.startswith("leases: cannot heartbeat: no heartbeat for "), body
+                assert reason.endswith("its actors are stopped"), body
+                assert body["storage"]["writable"] is True, body
+                hidden = await public.get("/readyz")
+                assert hidden.status_code == 503, hidden.text
+                assert hidden.json()["reasons"] == ["leases: cannot heartbeat"], hidden.text
+                refused = await client.post(f"/agentik/conversations/{cid}/messages",
+                                            json=text("refused"))
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "lease_lost", refused.text
+
+                locker.rollback()
+                assert (await ready_until(public, 200))["status"] == "ready"
+                sent = await client.post(f"/agentik/conversations/{cid}/messages",
+                                         json=text("and now?"))
+                assert sent.status_code == 202, sent.text
+                end = await answered(client, cid, sent.json()["message_id"])
+                assert end["type"] == "assistant_message", end
+        assert not srv.fatal
+    finally:
+        locker.close()
+
+
 async def test_a_revoked_write_privilege_is_transient_until_granted_back(
     pg_url: str, openai: ScriptedOpenAI, allow_error_logs: None, tmp_path: Any
 ) -> None:
