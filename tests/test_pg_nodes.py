@@ -80,8 +80,12 @@ class Node:
                         pass
                     await trio.sleep(0.05)
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:]
+    def log(self, tail: int = 6000) -> str:
+        """The end of the node's output (stdout and stderr of all its runs)."""
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except FileNotFoundError:
+            return "(never started)"
 
     def signal(self, sig: int) -> None:
         """``sig`` to the node's whole process group (hypercorn's supervisor and its worker)."""
@@ -121,6 +125,11 @@ async def cluster(pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path,
         for node in nodes:
             await node.start()
         yield nodes
+    except BaseException:
+        # a failure explains itself: every node's log, shown by pytest with the failure
+        for node in nodes:
+            print(f"----- log of node {node.name} ({node.log_path}) -----\n{node.log(40000)}")
+        raise
     finally:
         with trio.CancelScope(shield=True):
             for node in nodes:
