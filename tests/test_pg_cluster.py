@@ -5,7 +5,6 @@ one node resumes on another."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -201,7 +200,7 @@ async def test_lost_listener_and_lost_notifications_cost_at_most_the_timer(pg_ur
                     pid = b.feed.listener_pid
                     assert pid is not None
                     with psycopg.connect(PG_BASE_URL, autocommit=True) as admin:
-                        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                        admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
         assert got == list(range(1, 302))
         assert b.feed.stats["reconnects"] >= 1
 
@@ -221,6 +220,7 @@ async def test_timer_delivers_without_any_notification(pg_url: str) -> None:
                 published.set()
 
         b.hub.publish = observe  # type: ignore[method-assign]
+        notifies = b.feed.stats["notifies"]
         # a foreign commit that notifies nobody: the same counter rule, written by hand
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(
@@ -229,10 +229,10 @@ async def test_timer_delivers_without_any_notification(pg_url: str) -> None:
                 "SELECT c.v, 'c1', 'agent', 0, p.payload FROM c, "
                 '(SELECT payload FROM outbox WHERE "offset" = 1) p'
             )
-        start = time.monotonic()
-        with trio.fail_after(3):
+        # the 1 s timer wakes the feed: bounded, but no latency asserted (a loaded machine)
+        with trio.fail_after(10):
             await published.wait()
-        assert time.monotonic() - start < 2.5  # the 1 s timer, on a loaded machine
+        assert b.feed.stats["notifies"] == notifies  # no hint came: the timer delivered it
         assert b.hub.current_cursor().offset == 2
 
 
@@ -456,7 +456,9 @@ async def test_a_node_that_cannot_write_is_not_ready_while_the_others_are(pg_url
                 await create(a, "ca")
                 await create(b, "cb")
                 admin.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")  # type: ignore[arg-type]
-                admin.execute("SELECT pg_terminate_backend(%s)", (a.feed.writer.backend_pid,))
+                # (the 5 s: it returns once the backend is gone, so the next write meets the
+                # lost connection, not the old session)
+                admin.execute("SELECT pg_terminate_backend(%s, 5000)", (a.feed.writer.backend_pid,))
                 with pytest.raises(StorageUnavailableError):  # the lost connection
                     await a.write(send("ca", "a0"))
                 with pytest.raises(StorageUnavailableError, match="read-only"):  # reconnected
@@ -466,7 +468,7 @@ async def test_a_node_that_cannot_write_is_not_ready_while_the_others_are(pg_url
                 assert b.health.writable and not a.health.writable
                 assert a.health.error is not None and "read-only" in a.health.error
                 admin.execute(f"ALTER ROLE {role} RESET default_transaction_read_only")  # type: ignore[arg-type]
-                admin.execute("SELECT pg_terminate_backend(%s)", (a.feed.writer.backend_pid,))
+                admin.execute("SELECT pg_terminate_backend(%s, 5000)", (a.feed.writer.backend_pid,))
                 with trio.fail_after(30):
                     await a.health.wait_writable()  # the probe, no write needed
                 await a.write(send("ca", "a-after"))
