@@ -65,7 +65,9 @@ class Node:
         with open(self.log_path, "ab") as log:  # noqa: ASYNC230 - a local file, once
             self.process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "hypercorn", "-k", "trio", "--bind",
-                 f"127.0.0.1:{self.port}", "--graceful-timeout", "1", "agentik.web:app"],
+                 f"127.0.0.1:{self.port}", "--graceful-timeout", "1",
+                 "--access-logfile", "-",  # every request and its status, in the node's log
+                 "agentik.web:app"],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
                 start_new_session=True,  # hypercorn runs its worker in a child: signal the group
             )
@@ -128,7 +130,7 @@ async def cluster(pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path,
     except BaseException:
         # a failure explains itself: every node's log, shown by pytest with the failure
         for node in nodes:
-            print(f"----- log of node {node.name} ({node.log_path}) -----\n{node.log(40000)}")
+            print(f"----- log of node {node.name} ({node.log_path}) -----\n{node.log(300_000)}")
         raise
     finally:
         with trio.CancelScope(shield=True):
@@ -220,7 +222,7 @@ async def test_two_nodes_senders_and_readers_see_one_sequence(
                         missing = ids - terminal_turns(reader.events).keys()
                         raise AssertionError(
                             f"{len(missing)} of {len(ids)} turns unanswered on {reader.node.name}"
-                            f"\n{nodes[0].log()}\n{nodes[1].log()}") from None
+                            " (the nodes' logs follow)") from None
                 head = (await clients[0].outbox.current_cursor()).offset
                 for reader in readers:
                     await reader.wait_for(lambda r=reader: len(r.events) >= head)
