@@ -15,11 +15,9 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 import sqlite3
-import subprocess
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ from agentik.storage.actor import _next_batch, _Request
 from agentik.storage.health import Backoff, StorageHealth, retry_until_stored
 from agentik.tools.base import ToolOutcome
 from agentik.wire import AssistantItem, Text
+from tests.diskutil import fill_disk, small_tmpfs
 from tests.scripted_openai import Reply, ScriptedOpenAI
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
@@ -254,32 +253,6 @@ class Refusal:
     @property
     def says(self) -> str:
         return "read-only" if self.name == "postgres" else "full"
-
-
-def fill_disk(path: Path) -> None:
-    """Write ``path`` until its filesystem is full (big blocks, then smaller ones)."""
-    with open(path, "wb", buffering=0) as f:
-        for size in (65536, 4096, 512, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError:
-                pass
-
-
-@contextmanager
-def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (the max_page_count case runs anyway)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 @pytest.fixture(params=["tmpfs", "max_page_count", "postgres"])

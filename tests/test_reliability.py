@@ -11,9 +11,6 @@ from __future__ import annotations
 import gc
 import os
 import random
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -26,6 +23,7 @@ import trio
 
 from agentik.storage.writer import Writer
 from benchmarks.serverproc import ServerProcess, spawn_server
+from tests.diskutil import fill_disk, small_tmpfs
 from tests.scripted_openai import Reply, ScriptedOpenAI
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     allow_error_logs,
@@ -281,33 +279,6 @@ async def test_stalled_subscriber_does_not_cost_others_an_event(
 
 
 # --- a full disk -----------------------------------------------------------------------------------
-
-
-@contextmanager
-def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``where`` (needs root; the test skips otherwise)."""
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
-def fill_disk(path: Path) -> None:
-    """Write ``path`` until the filesystem is full (big blocks, then smaller ones)."""
-    with open(path, "wb", buffering=0) as f:
-        for size in (65536, 4096, 512, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError:
-                pass
 
 
 async def test_disk_full_fails_clearly_keeps_acknowledged_and_recovers(
