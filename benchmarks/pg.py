@@ -18,10 +18,9 @@ from typing import Any
 import httpx2
 import trio
 
-from agentik.storage import ops
-from agentik.storage.actor import Storage, run_storage
-from agentik.wire import Text, UserMessage
+from agentik.storage.actor import run_storage
 from benchmarks.serverproc import spawn_server
+from benchmarks.storage import durable_events_per_s
 from benchmarks.web import TIMEOUT, UNLIMITED, _create, _send
 from tests.scripted_openai import open_scripted_openai
 from tests.webutil import open_sse
@@ -47,27 +46,9 @@ def pg_schema() -> Iterator[str]:
 
 async def _durable_events_per_s(url: str, *, max_batch: int, writers: int,
                                 per_writer: int) -> tuple[float, int]:
-    async with trio.open_nursery() as nursery:
-        storage: Storage = await nursery.start(
-            partial(run_storage, "unused.db", database_url=url, max_batch=max_batch)
-        )
-        await storage.write(ops.CreateConversation(conversation_id="c", title=None,
-                                                   is_temporal=False, system_prompt="s"))
-        message = UserMessage(content=[Text(body="x" * 200)])
-
-        async def writer(w: int) -> None:
-            for i in range(per_writer):
-                await storage.write(ops.AppendUserMessage(
-                    conversation_id="c", message_id=f"{w}-{i}", message=message))
-
-        start = time.perf_counter()
-        async with trio.open_nursery() as inner:
-            for w in range(writers):
-                inner.start_soon(writer, w)
-        elapsed = time.perf_counter() - start
-        largest = storage.stats.largest_batch
-        nursery.cancel_scope.cancel()
-    return writers * per_writer / elapsed, largest
+    return await durable_events_per_s(
+        partial(run_storage, "unused.db", database_url=url, max_batch=max_batch),
+        writers=writers, per_writer=per_writer)
 
 
 #: the reference loop of ../shared/SCALEOUT.md: a counter bump and the batch's rows in one

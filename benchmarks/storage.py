@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,13 @@ from agentik.storage.actor import Storage, run_storage
 from agentik.wire import Text, UserMessage
 
 
-async def _durable_events_per_s(path: str, *, max_batch: int, writers: int, per_writer: int) -> float:
+async def durable_events_per_s(open_storage: Callable[..., Awaitable[None]], *, writers: int,
+                               per_writer: int) -> tuple[float, int]:
+    """``writers`` tasks each storing ``per_writer`` user messages at once through the storage
+    actor that ``open_storage`` (``run_storage`` with its engine's arguments) starts: durable
+    events/s and the largest batch the actor committed."""
     async with trio.open_nursery() as nursery:
-        storage: Storage = await nursery.start(
-            partial(run_storage, path, synchronous="FULL", max_batch=max_batch)
-        )
+        storage: Storage = await nursery.start(open_storage)
         await storage.write(ops.CreateConversation(conversation_id="c", title=None, is_temporal=False,
                                                    system_prompt="s"))
         message = UserMessage(content=[Text(body="x" * 200)])
@@ -34,8 +37,16 @@ async def _durable_events_per_s(path: str, *, max_batch: int, writers: int, per_
             for w in range(writers):
                 inner.start_soon(writer, w)
         elapsed = time.perf_counter() - start
+        largest = storage.stats.largest_batch
         nursery.cancel_scope.cancel()
-    return writers * per_writer / elapsed
+    return writers * per_writer / elapsed, largest
+
+
+async def _durable_events_per_s(path: str, *, max_batch: int, writers: int, per_writer: int) -> float:
+    rate, _ = await durable_events_per_s(
+        partial(run_storage, path, synchronous="FULL", max_batch=max_batch),
+        writers=writers, per_writer=per_writer)
+    return rate
 
 
 async def storage_group_commit(quick: bool) -> dict[str, Any]:
