@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from benchmarks import concurrency, litert_context, litert_tokens, pg, runtime, storage, web
+from benchmarks import concurrency, floor, litert_context, litert_tokens, pg, runtime, storage, web
 
 Scenario = Callable[[bool], Awaitable[dict[str, Any]]]
 
@@ -27,6 +27,7 @@ SCENARIOS: dict[str, Scenario] = {
     "turn_overhead_ttft": web.turn_overhead_ttft,
     "fanout_tokens": web.fanout_tokens,
     "concurrency": concurrency.concurrency,
+    "stack_floor": floor.stack_floor,
     "replay": web.replay,
     "memory": web.memory,
     "cold_load_10k": runtime.cold_load_10k,
