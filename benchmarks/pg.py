@@ -18,7 +18,9 @@ from typing import Any
 import httpx2
 import trio
 
+from agentik.storage import ops
 from agentik.storage.actor import run_storage
+from agentik.wire import Text, UserMessage
 from benchmarks.serverproc import spawn_server
 from benchmarks.storage import durable_events_per_s
 from benchmarks.web import TIMEOUT, UNLIMITED, _create, _send
@@ -96,6 +98,41 @@ def _plain_events_per_s(url: str, *, same_rows: bool, batch: int, batches: int) 
         return batch * batches / (time.perf_counter() - start)
 
 
+def _statements_only_events_per_s(url: str, *, batch: int, batches: int) -> float:
+    """agentik's own commit statements for ``batches`` batches of ``batch`` user messages (planned
+    by ``PgWriter``'s planner beforehand, outside the timing), run back to back on the writer's
+    connection: what the database alone costs for this benchmark's events, with no planning,
+    actor or feed around it (and the same prepared-statement path)."""
+    from agentik.storage.pg_fence import ownership
+    from agentik.storage.pg_plan import Plan, plan_op
+    from agentik.storage.pg_statement import commit_statement
+    from agentik.storage.pg_writer import PgWriter
+
+    writer = PgWriter(url, outbox_cap=100_000, outbox_ttl=7 * 24 * 3600.0)
+    try:
+        writer.commit_batch([ops.CreateConversation(conversation_id="c", title=None,
+                                                    is_temporal=False, system_prompt="s")])
+        message = UserMessage(content=[Text(body="x" * 200)])
+        statements = []
+        for b in range(batches):
+            plan = Plan(epoch=writer.epoch, now=time.time())
+            appends: list[ops.AnyOp] = [
+                ops.AppendUserMessage(conversation_id="c", message_id=f"{b}-{i}", message=message)
+                for i in range(batch)]
+            writer._load(plan, appends)
+            for op in appends:
+                plan_op(plan, op)
+            statements.append(commit_statement(
+                plan, ownership(plan, writer.leases), channel=writer.channel,
+                outbox_cap=writer.outbox_cap, outbox_ttl=writer.outbox_ttl))
+        start = time.perf_counter()
+        for sql, args in statements:
+            writer.conn.execute(sql, args).fetchone()
+        return batch * batches / (time.perf_counter() - start)
+    finally:
+        writer.close()
+
+
 async def pg_group_commit(quick: bool) -> dict[str, Any]:
     """Durable events/s through the PostgreSQL StorageActor (each event: a journal row, an outbox
     row, a turn row and the conversation's seq, in the one-statement commit that bumps the
@@ -103,7 +140,8 @@ async def pg_group_commit(quick: bool) -> dict[str, Any]:
     commit with 256 concurrent writers (batches up to 512) and at batch 100 (200 writers,
     ``max_batch=100``) vs one commit per event (``max_batch=1``, 64 writers), and in the same run
     the plain psycopg loop of ../shared/SCALEOUT.md at batch 100: its event shape (journal +
-    outbox row, ~230 bytes) and this benchmark's rows (no planning, no actor, no feed)."""
+    outbox row, ~230 bytes) and this benchmark's rows (no planning, no actor, no feed), and
+    agentik's own commit statements for batches of 100 run back to back (the database's share)."""
     per_writer = 25 if quick else 100
     batches = 50 if quick else 200
     with pg_schema() as url:
@@ -121,6 +159,9 @@ async def pg_group_commit(quick: bool) -> dict[str, Any]:
     with pg_schema() as url:
         plain_same = await trio.to_thread.run_sync(
             partial(_plain_events_per_s, url, same_rows=True, batch=100, batches=batches))
+    with pg_schema() as url:
+        statements = await trio.to_thread.run_sync(
+            partial(_statements_only_events_per_s, url, batch=100, batches=batches))
     return {
         "name": "pg_group_commit",
         "events_per_s": round(grouped),
@@ -130,6 +171,7 @@ async def pg_group_commit(quick: bool) -> dict[str, Any]:
         "ratio": round(grouped / single, 1),
         "plain_batch100_events_per_s": round(plain),
         "plain_same_rows_batch100_events_per_s": round(plain_same),
+        "statements_only_batch100_events_per_s": round(statements),
     }
 
 
