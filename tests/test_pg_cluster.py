@@ -481,3 +481,36 @@ async def test_a_node_that_cannot_write_is_not_ready_while_the_others_are(pg_url
 
 def _role_exists(conn: psycopg.Connection[object], role: str) -> bool:
     return conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
+
+
+async def test_a_slow_heartbeat_counts_the_lease_from_when_it_was_sent(pg_url: str) -> None:
+    """The database dates a heartbeat by its start (``now()``), so the node counts its lease from
+    when it sent it: a heartbeat held up by a lock and answered late leaves the node less time
+    than the answer's arrival suggests (counted from the answer, the node would stop its actors
+    after another node may already have taken them over)."""
+    async with node(pg_url, lease_ttl=30.0) as a:  # no periodic heartbeat during the test
+        leases = a.leases
+        heartbeat_pid = leases._lines["heartbeat"][1][0].info.backend_pid
+        with psycopg.connect(pg_url) as blocker:
+            blocker.execute("SELECT 1 FROM nodes WHERE node_id = %s FOR UPDATE", (leases.node_id,))
+            done = trio.Event()
+
+            async def beat() -> None:
+                await leases._heartbeat()
+                done.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(beat)
+                with psycopg.connect(pg_url, autocommit=True) as watch:
+                    for _ in range(1000):  # until the heartbeat's server process waits on the lock
+                        if watch.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s "
+                                         "AND wait_event_type = 'Lock'", (heartbeat_pid,)).fetchall():
+                            break
+                        await trio.sleep(0.01)
+                    else:
+                        pytest.fail("the heartbeat never waited on the locked row")
+                released = trio.current_time()
+                blocker.rollback()
+                with trio.fail_after(10):
+                    await done.wait()
+        assert leases.healthy and leases._last_ok < released

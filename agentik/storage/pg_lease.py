@@ -122,12 +122,16 @@ class Leases:
     # --- the node ------------------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
+        # The lease runs from the heartbeat's now() in the database, which is after this moment
+        # and may be long before the answer arrives (a slow or blocked query): counting from
+        # the answer would let this node stop its actors after another node may take over.
+        sent = trio.current_time()
         await self._db(
             "INSERT INTO nodes (node_id, addr, heartbeat_at) VALUES (%(me)s, %(addr)s, now()) "
             "ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), addr = EXCLUDED.addr",
             line="heartbeat", addr=self.addr,
         )
-        self._last_ok = trio.current_time()
+        self._last_ok = sent
         self.healthy, self.heartbeat_error = True, None
         self.stats["heartbeats"] += 1
 
