@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from agentik import metrics
 from agentik.errors import NotOwnerError, RuntimeClosedError
 
 if TYPE_CHECKING:
@@ -53,7 +54,9 @@ class Peers:
         URL."""
         if not exc.addr:
             raise exc
-        return await call(self.client(exc.addr))
+        owner = self.client(exc.addr)
+        metrics.CLUSTER_FORWARDED.inc()
+        return await call(owner)
 
     async def aclose(self) -> None:
         """Close every client (idempotent); forwarding is refused afterwards."""

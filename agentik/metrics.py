@@ -74,6 +74,39 @@ BUSY_REJECTIONS = Counter(
     "agentik_busy_rejections", "Sends refused with on_busy=reject (409 busy)", registry=REGISTRY,
 )
 
+# --- a PostgreSQL cluster node (SPEC §12): stay 0 on the single-node SQLite engine ---------------
+
+CLUSTER_LEASES = Gauge(
+    "agentik_cluster_leases", "Conversations this node holds the lease of", registry=REGISTRY,
+)
+CLUSTER_HEARTBEAT = Gauge(
+    "agentik_cluster_last_heartbeat_timestamp_seconds",
+    "Unix time this node sent its last successful lease heartbeat (its leases run a TTL from it)",
+    registry=REGISTRY,
+)
+CLUSTER_HEARTBEAT_FAILURES = Counter(
+    "agentik_cluster_heartbeat_failures", "Lease heartbeats that failed or timed out",
+    registry=REGISTRY,
+)
+CLUSTER_TAKEOVERS = Counter(
+    "agentik_cluster_takeovers", "Conversations this node took over from a dead node",
+    registry=REGISTRY,
+)
+CLUSTER_ACTOR_STOPS = Counter(
+    "agentik_cluster_actor_stops",
+    "Local actors stopped by ownership: no_heartbeat (the node could not heartbeat in time), "
+    "fenced_out (a write was refused by its fence)", ["reason"], registry=REGISTRY,
+)
+CLUSTER_FORWARDED = Counter(
+    "agentik_cluster_forwarded", "Commands forwarded to the node that owns their conversation",
+    registry=REGISTRY,
+)
+CLUSTER_FEED_GAPS = Counter(
+    "agentik_cluster_feed_gaps",
+    "Times the outbox was trimmed past this node's feed cursor (its live streams were cut off "
+    "and report the gap)", registry=REGISTRY,
+)
+
 
 def exposition() -> tuple[bytes, str]:
     """The text exposition of every metric and its content type."""

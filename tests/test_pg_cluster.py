@@ -5,6 +5,7 @@ one node resumes on another."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -349,6 +350,7 @@ async def test_forwarding_keeps_one_client_per_peer_and_the_runtime_closes_them(
         return owner
 
     to_a = NotOwnerError("x", node_id="a", addr="http://a")
+    forwarded = metrics.CLUSTER_FORWARDED._value.get()
     first = await peers.forward(to_a, call)
     assert await peers.forward(to_a, call) is first  # the same client: its pool is reused
     other = await peers.forward(NotOwnerError("x", node_id="b", addr="http://b"), call)
@@ -356,6 +358,7 @@ async def test_forwarding_keeps_one_client_per_peer_and_the_runtime_closes_them(
         ("http://a", "t1"), ("http://b", "t1")]
     with pytest.raises(NotOwnerError):  # an owner with no URL: the 503 goes to the caller
         await peers.forward(NotOwnerError("x", node_id="c", addr=None), call)
+    assert metrics.CLUSTER_FORWARDED._value.get() - forwarded == 3  # the three that went
     await peers.aclose()
     assert all(m.closed for m in made)
     with pytest.raises(RuntimeClosedError):
@@ -405,6 +408,7 @@ async def test_trimmed_past_a_nodes_cursor_is_a_gap_on_that_node(pg_url: str) ->
     """The outbox cap trims events another node's feed had not read yet: that node's live
     subscribers are cut off and their stream reports the gap (410) instead of skipping; a new
     stream from the oldest retained cursor gets every retained event, in order."""
+    gaps = metrics.CLUSTER_FEED_GAPS._value.get()
     async with node(pg_url, outbox_cap=10) as a, node(pg_url, outbox_cap=10) as b:
         assert b.feed is not None
         await create(a, "c1")
@@ -432,6 +436,7 @@ async def test_trimmed_past_a_nodes_cursor_is_a_gap_on_that_node(pg_url: str) ->
         # (a page the feed was already reading when it was stalled may have brought a few)
         assert seen == list(range(2, 2 + len(seen))) and len(seen) < 20  # never a skip
         assert b.feed.stats["gaps"] == 1
+        assert metrics.CLUSTER_FEED_GAPS._value.get() - gaps == 1
         assert b.hub.current_cursor().offset == 31
         oldest = b.hub.oldest_cursor()
         assert oldest.offset == 21
@@ -514,3 +519,28 @@ async def test_a_slow_heartbeat_counts_the_lease_from_when_it_was_sent(pg_url: s
                 with trio.fail_after(10):
                     await done.wait()
         assert leases.healthy and leases._last_ok < released
+
+
+async def test_cluster_metrics_follow_heartbeats_leases_and_takeovers(pg_url: str) -> None:
+    """``/metrics`` of a node: when it last heartbeat (an alert compares it with the TTL), how
+    many conversations it holds, how many it took over from dead nodes."""
+    takeovers = metrics.CLUSTER_TAKEOVERS._value.get()
+    async with node(pg_url, lease_ttl=1.0) as b:
+        started = time.time()
+        async with node(pg_url, lease_ttl=1.0) as a:
+            assert metrics.CLUSTER_HEARTBEAT._value.get() >= started  # a's first heartbeat
+            await create(a, "c1")
+            await create(a, "c2")
+            await a.leases.claim("c1")
+            await a.leases.claim("c2")
+            assert metrics.CLUSTER_LEASES._value.get() == 2
+            await a.write(send("c1", "question"))  # an open turn: b's sweeper takes c1 over
+        with trio.fail_after(10):
+            async for ev in b.hub.events(Cursor(epoch=b.epoch, offset=0)):
+                if event_type(ev.event) == "error":
+                    break
+        assert metrics.CLUSTER_TAKEOVERS._value.get() - takeovers == 1
+        assert metrics.CLUSTER_LEASES._value.get() == len(b.leases.fences) == 1
+        exposition = metrics.exposition()[0].decode()
+        assert "agentik_cluster_leases 1.0" in exposition
+        assert "agentik_cluster_last_heartbeat_timestamp_seconds " in exposition

@@ -98,6 +98,14 @@ async def answered(client: httpx2.AsyncClient, cid: str, turn: str) -> dict[str,
             await stream.next_event()
 
 
+async def metric(client: httpx2.AsyncClient, sample: str) -> float:
+    """One sample of ``GET /metrics`` (``name`` or ``name{labels}``); 0 when absent."""
+    for line in (await client.get("/metrics")).text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 async def test_a_node_that_cannot_heartbeat_its_leases_is_not_ready_until_it_can(
     pg_url: str, openai: ScriptedOpenAI, allow_error_logs: None, tmp_path: Any
 ) -> None:
@@ -119,6 +127,9 @@ async def test_a_node_that_cannot_heartbeat_its_leases_is_not_ready_until_it_can
                                          json=text("hello"))
                 assert sent.status_code == 202, sent.text
                 await answered(client, cid, sent.json()["message_id"])
+                failures = await metric(client, "agentik_cluster_heartbeat_failures_total")
+                stops = await metric(client, 'agentik_cluster_actor_stops_total{reason="no_heartbeat"}')
+                assert await metric(client, "agentik_cluster_leases") == 1  # cid's
 
                 role.sql("REVOKE INSERT, UPDATE ON {schema}.nodes FROM {role}")
                 body = await ready_until(client, 503)
@@ -137,6 +148,12 @@ async def test_a_node_that_cannot_heartbeat_its_leases_is_not_ready_until_it_can
                 assert refused.json()["error"]["code"] == "lease_lost", refused.text
                 assert (await client.get("/readyz")).status_code == 503
                 assert (await client.get("/healthz")).status_code == 200  # liveness is not it
+                # what an operator's alert sees: failed heartbeats, the actor stopped for want
+                # of one, no lease held
+                assert await metric(client, "agentik_cluster_heartbeat_failures_total") > failures
+                assert await metric(
+                    client, 'agentik_cluster_actor_stops_total{reason="no_heartbeat"}') == stops + 1
+                assert await metric(client, "agentik_cluster_leases") == 0
 
                 role.sql("GRANT INSERT, UPDATE ON {schema}.nodes TO {role}")
                 assert (await ready_until(client, 200))["reasons"] == []

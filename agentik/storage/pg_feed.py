@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from agentik import metrics
 from agentik.storage.hub import EventHub
 from agentik.storage.pg_listen import listen
 from agentik.storage.pg_reader import PgReader
@@ -106,6 +107,7 @@ class Feed:
                 # Trimmed past our cursor before we read it: the live subscribers cannot be fed
                 # what is gone; cut them off so their replay reports the gap.
                 self.stats["gaps"] += 1
+                metrics.CLUSTER_FEED_GAPS.inc()
                 log.warning("feed: events %d..%d were trimmed before this node read them",
                             self.cursor + 1, rows[0].offset - 1)
                 self.hub.drop_live_subscribers()
@@ -118,6 +120,8 @@ class Feed:
             if good:
                 self.cursor = good[-1].offset
             elif head > self.cursor and oldest > self.cursor + 1:
+                self.stats["gaps"] += 1
+                metrics.CLUSTER_FEED_GAPS.inc()
                 self.hub.drop_live_subscribers()
                 self.cursor = head
             self.hub.publish(good, oldest, self.cursor)

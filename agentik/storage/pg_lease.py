@@ -21,12 +21,14 @@ import logging
 import math
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import trio
 
+from agentik import metrics
 from agentik.errors import LeaseLostError, NotOwnerError, StorageError
 from agentik.storage import ops
 
@@ -89,6 +91,8 @@ class Leases:
         self._lines: dict[str, tuple[trio.Lock, list[Any]]] = {
             "heartbeat": (trio.Lock(), [None]), "claims": (trio.Lock(), [None])}
         self._last_ok = -math.inf
+        #: conversations whose actor ``_stop_all`` is stopping now
+        self._stopping: set[str] = set()
         self._nursery: trio.Nursery | None = None
 
     # --- database calls (one connection, one call at a time, bounded by the TTL) ---------------
@@ -125,13 +129,14 @@ class Leases:
         # The lease runs from the heartbeat's now() in the database, which is after this moment
         # and may be long before the answer arrives (a slow or blocked query): counting from
         # the answer would let this node stop its actors after another node may take over.
-        sent = trio.current_time()
+        sent, sent_at = trio.current_time(), time.time()
         await self._db(
             "INSERT INTO nodes (node_id, addr, heartbeat_at) VALUES (%(me)s, %(addr)s, now()) "
             "ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), addr = EXCLUDED.addr",
             line="heartbeat", addr=self.addr,
         )
         self._last_ok = sent
+        metrics.CLUSTER_HEARTBEAT.set(sent_at)
         self.healthy, self.heartbeat_error = True, None
         self.stats["heartbeats"] += 1
 
@@ -152,6 +157,7 @@ class Leases:
                         await self._heartbeat()
                     except StorageError as exc:
                         self.stats["missed"] += 1
+                        metrics.CLUSTER_HEARTBEAT_FAILURES.inc()
                         self.heartbeat_error = str(exc)
                         log.warning("node %s: heartbeat failed: %s", self.node_id, exc)
                         continue
@@ -191,16 +197,35 @@ class Leases:
                       self.node_id, trio.current_time() - self._last_ok, self.ttl)
         self.healthy = False
         for cid in list(self.fences):
-            self.stats["stops"] += 1
-            if self.on_stop is not None:
-                await self.on_stop(cid)
-            self.fences.pop(cid, None)
+            # The watchdog and the heartbeat loop may both be here; the lease is dropped only
+            # once the actor stopped (its last writes still carry the fence), so skip what the
+            # other one is stopping.
+            if cid in self._stopping:
+                continue
+            self._stopping.add(cid)
+            try:
+                self.stats["stops"] += 1
+                metrics.CLUSTER_ACTOR_STOPS.labels("no_heartbeat").inc()
+                if self.on_stop is not None:
+                    await self.on_stop(cid)
+                self._release(cid)
+            finally:
+                self._stopping.discard(cid)
+
+    def _hold(self, conversation_id: str, fence: int) -> None:
+        self.fences[conversation_id] = fence
+        metrics.CLUSTER_LEASES.set(len(self.fences))
+
+    def _release(self, conversation_id: str) -> None:
+        self.fences.pop(conversation_id, None)
+        metrics.CLUSTER_LEASES.set(len(self.fences))
 
     def fenced_out(self, conversation_id: str) -> None:
         """The writer refused a write of ours by its fence: stop that actor (not waiting)."""
-        self.fences.pop(conversation_id, None)
+        self._release(conversation_id)
         if self.on_stop is not None and self._nursery is not None:
             self.stats["stops"] += 1
+            metrics.CLUSTER_ACTOR_STOPS.labels("fenced_out").inc()
             self._nursery.start_soon(self.on_stop, conversation_id)
 
     # --- conversations -------------------------------------------------------------------------
@@ -215,9 +240,10 @@ class Leases:
         rows = await self._db(_CLAIM, cid=conversation_id)
         if rows:
             fence, previous = int(rows[0][0]), rows[0][1]
-            self.fences[conversation_id] = fence
+            self._hold(conversation_id, fence)
             if previous is not None and previous != self.node_id:
                 self.stats["takeovers"] += 1
+                metrics.CLUSTER_TAKEOVERS.inc()
                 log.info("node %s took conversation %s over from %s (fence %d)",
                          self.node_id, conversation_id, previous, fence)
                 if self.write is not None:
@@ -226,7 +252,7 @@ class Leases:
             return fence
         owner = await self._db(_OWNER, cid=conversation_id)
         if owner and owner[0][0] == self.node_id:
-            self.fences[conversation_id] = int(owner[0][1])
+            self._hold(conversation_id, int(owner[0][1]))
             return int(owner[0][1])
         node_id, addr = (owner[0][0], owner[0][2]) if owner else ("", None)
         raise NotOwnerError(f"conversation {conversation_id!r} is owned by node {node_id!r}",
@@ -247,6 +273,6 @@ class Leases:
                 await self.claim(cid)
                 if temporal and self.write is not None:
                     await self.write(ops.DeleteConversation(conversation_id=cid))
-                    self.fences.pop(cid, None)
+                    self._release(cid)
             except (NotOwnerError, LeaseLostError):
                 continue  # another node was quicker
