@@ -3,8 +3,11 @@ store as agentik's (``agentik.a2a``), with a scripted executor that follows the 
 ``messageId`` prefix table (the TCK's ``scenarios/*.feature``), on a temporary SQLite database,
 served by hypercorn's trio worker.
 
-    python tests/a2a_sut.py --port 9999
+    python tests/a2a_sut.py --port 9999 [--heartbeat 0.2]
     python run_tck.py --sut-host http://127.0.0.1:9999 --transport jsonrpc --level must
+
+``--heartbeat`` shortens the SSE streams' idle comment (``: heartbeat``) so the TCK's streams
+carry some.
 
 Tests import :func:`open_sut` to run it in their own trio run.
 """
@@ -180,10 +183,10 @@ async def open_sut(db_path: str, *, port: int = 0, heartbeat: float = 15.0) -> A
             nursery.cancel_scope.cancel()
 
 
-async def _main(port: int, db_path: str | None) -> None:
+async def _main(port: int, db_path: str | None, heartbeat: float = 15.0) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = db_path or str(Path(tmp) / "a2a_sut.db")
-        async with open_sut(path, port=port) as sut:
+        async with open_sut(path, port=port, heartbeat=heartbeat) as sut:
             print(f"A2A SUT on {sut.url} (card: {sut.url}/.well-known/agent-card.json, "
                   f"database {path})", flush=True)
             await trio.sleep_forever()
@@ -193,9 +196,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=9999)
     parser.add_argument("--db", default=None, help="SQLite file (default: a temporary one)")
+    parser.add_argument("--heartbeat", type=float, default=15.0,
+                        help="seconds of silence before an SSE stream writes a heartbeat comment"
+                             " (short values put comments in the TCK's streams)")
     args = parser.parse_args()
     try:
-        trio.run(_main, args.port, args.db)
+        trio.run(_main, args.port, args.db, args.heartbeat)
     except KeyboardInterrupt:
         pass
 
