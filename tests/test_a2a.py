@@ -448,6 +448,30 @@ async def test_deleting_the_conversation_deletes_its_tasks_and_frees_the_context
         assert [t["id"] for t in listed["tasks"]] == [again["id"]]
 
 
+async def test_a_busy_conversation_with_the_reject_policy_is_a_clear_error(
+    tmp_path: Path, openai: ScriptedOpenAI
+) -> None:
+    """AGENTIK_BUSY_POLICY=reject: a second message while the context's turn runs is refused with
+    a JSON-RPC error saying the conversation is busy (raised inside the executor's nursery: not
+    an unexpected failure), nothing stored for it; the running task goes on."""
+    config = make_config(tmp_path, openai, busy_policy="reject")
+    openai.push(Hang(text_before="slow "))
+    async with a2a_server(config) as (_, rpc):
+        with trio.fail_after(20):
+            async with rpc.stream("SendStreamingMessage",
+                                  {"message": message("a", contextId="busy")}) as events:
+                async for event in events:
+                    if "artifactUpdate" in event:  # the turn is running
+                        break
+                busy = await rpc.error("SendMessage", {"message": message(
+                    "b", message_id="m2", contextId="busy")}, -32603)
+                assert "busy" in busy["message"], busy
+                listed = await rpc.call("ListTasks", {"contextId": "busy"}, pb.ListTasksResponse)
+                (running,) = listed["tasks"]
+                assert running["status"]["state"] == "TASK_STATE_WORKING"
+                await rpc.call("CancelTask", {"id": running["id"]}, pb.Task)
+
+
 # --- JSON-RPC errors -----------------------------------------------------------------------------
 
 

@@ -5,6 +5,9 @@
   ``contextId``); the executor runs in the service's own nursery, so the task goes on when the
   request that started it ends. The task is stored when the executor first reports on it
   (``returnImmediately`` stores it SUBMITTED at once); a direct reply stores nothing.
+- An execution's A2AError is the request's answer, also when it is raised inside a nursery of
+  the executor (an exception group of agentik errors only); anything else is an unexpected
+  failure (logged, -32603).
 - A message with ``taskId`` is a follow-up of a task that waits for input: it joins the task's
   history and runs the executor again. A terminal task refuses it (-32004), an unknown one is
   -32001, a different ``contextId`` is -32602.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import msgspec
 import trio
@@ -64,6 +67,26 @@ def trim_task(task: Task, history_length: int | None, include_artifacts: bool = 
     if history is task.history and artifacts is task.artifacts:
         return task
     return msgspec.structs.replace(task, history=history, artifacts=artifacts)
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for one in exc.exceptions:
+            yield from _leaves(one)
+    else:
+        yield exc
+
+
+def _answer_of(exc: Exception) -> A2AError | None:
+    """The JSON-RPC error an execution's exception answers with: an A2AError as is, another
+    AgentikError as -32603 with its message, also when raised inside a nursery of the executor
+    (an exception group holding nothing else: its first A2AError, else its first error); None
+    for anything else (an unexpected failure)."""
+    leaves = list(_leaves(exc))
+    if not all(isinstance(leaf, AgentikError) for leaf in leaves):
+        return None
+    first = next((leaf for leaf in leaves if isinstance(leaf, A2AError)), leaves[0])
+    return first if isinstance(first, A2AError) else e.error(e.INTERNAL_ERROR, str(first))
 
 
 def _check_history_length(value: int | None) -> int | None:
@@ -184,13 +207,11 @@ class A2AService:
             try:
                 with run.cancel_scope:
                     await self.executor.execute(run.request, updater)
-            except A2AError as exc:
-                run.error = exc
-            except AgentikError as exc:
-                run.error = e.error(e.INTERNAL_ERROR, str(exc))
             except Exception as exc:
-                log.exception("the A2A executor failed on task %s", run.request.task_id)
-                run.error = e.error(e.INTERNAL_ERROR, f"the agent failed: {type(exc).__name__}")
+                run.error = _answer_of(exc)
+                if run.error is None:
+                    log.exception("the A2A executor failed on task %s", run.request.task_id)
+                    run.error = e.error(e.INTERNAL_ERROR, f"the agent failed: {type(exc).__name__}")
             if not run.final:
                 await self._settle(run, updater)
         except AgentikError as exc:
