@@ -448,6 +448,94 @@ async def test_deleting_the_conversation_deletes_its_tasks_and_frees_the_context
         assert [t["id"] for t in listed["tasks"]] == [again["id"]]
 
 
+#: where the conversation is deleted: right after the facade looked the context's conversation up,
+#: right after the executor took its handle (before the message is sent to it), or right before
+#: the task's first store (the message reached the conversation)
+RACES = [("send", "lookup"), ("send", "handle"), ("send", "store"), ("stream", "lookup"),
+         ("stream", "store"), ("immediate", "store")]
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+async def test_a_conversation_deleted_before_the_tasks_first_store_is_a_clear_error(
+    engine: str, tmp_path: Path, openai: ScriptedOpenAI, request: pytest.FixtureRequest
+) -> None:
+    """A message whose context's conversation is deleted between the facade's lookup of it and
+    the task's first store: storage refuses the task (its conversation is gone), the client gets
+    one clear JSON-RPC error naming the context (before any stream opens), nothing of the task is
+    stored, nothing is logged as a failure, and the message sent again starts a new
+    conversation. The deletion is made at each step through the in-process handles."""
+    database_url = request.getfixturevalue("pg_url") if engine == "postgres" else None
+    config = make_config(tmp_path, openai, database_url=database_url)
+    async with a2a_server(config) as (server, rpc):
+        service = server.app.agentik_a2a.service  # type: ignore[attr-defined]
+        executor, store = service.executor, service.store
+        agent = executor.agent
+        attempted: list[str] = []  # ids of the tasks whose first store was refused
+
+        async def delete(cid: str) -> None:
+            assert (await rpc.http.delete(f"/agentik/conversations/{cid}")).status_code == 204
+
+        async def looked_up(context_id: str, previous: str | None) -> str | None:
+            del executor.conversation  # once
+            cid = await executor.conversation(context_id, previous)
+            assert cid is not None and cid == previous
+            await delete(cid)
+            return cid
+
+        async def first_store(task: Any, cid: str | None) -> Any:
+            del store.create  # once
+            assert cid is not None
+            attempted.append(task.id)
+            await delete(cid)
+            return await store.create(task, cid)
+
+        async def handle(cid: str) -> Any:
+            del agent.get_conversation  # once
+            conversation = await agent.get_conversation(cid)
+            assert conversation is not None
+            await delete(cid)
+            return conversation
+
+        async def lookup_then_handle(context_id: str, previous: str | None) -> str | None:
+            del executor.conversation  # the lookup reads the handle too: the next read
+            cid = await executor.conversation(context_id, previous)
+            agent.get_conversation = handle
+            return cid
+
+        for mode, where in RACES:
+            ctx = f"ctx-{mode}-{where}"
+            first = await rpc.call("SendMessage", {"message": message("a", contextId=ctx)})
+            if where == "lookup":
+                executor.conversation = looked_up
+            elif where == "handle":
+                executor.conversation = lookup_then_handle
+            else:
+                store.create = first_store
+            params: dict[str, Any] = {"message": message("b", contextId=ctx)}
+            if mode == "immediate":
+                params["configuration"] = {"returnImmediately": True}
+            with trio.fail_after(20):
+                # raw(): an HTTP 200 JSON answer, also for the stream (it never opened)
+                body = await rpc.raw("SendStreamingMessage" if mode == "stream" else "SendMessage",
+                                     params)
+            assert "error" in body, (mode, where, body)
+            assert body["error"]["code"] == -32603, (mode, where, body)
+            assert f"context {ctx!r} was deleted" in body["error"]["message"], (mode, where, body)
+            assert not {"conversation", "create", "get_conversation"} & {*vars(executor),
+                                                                         *vars(store), *vars(agent)}
+            for task_id in (first["task"]["id"], *attempted):
+                await rpc.error("GetTask", {"id": task_id}, -32001)
+            listed = await rpc.call("ListTasks", {"contextId": ctx}, pb.ListTasksResponse)
+            assert listed["tasks"] == [] and listed["totalSize"] == 0, (mode, where)
+            again = (await rpc.call("SendMessage", {"message": message("c", contextId=ctx)},
+                                    pb.SendMessageResponse))["task"]
+            assert again["status"]["state"] == "TASK_STATE_COMPLETED", (mode, where)
+            listed = await rpc.call("ListTasks", {"contextId": ctx}, pb.ListTasksResponse)
+            assert [t["id"] for t in listed["tasks"]] == [again["id"]], (mode, where)
+        total = await rpc.call("ListTasks", {}, pb.ListTasksResponse)
+        assert total["totalSize"] == len(RACES)  # only the messages sent again
+
+
 async def test_a_busy_conversation_with_the_reject_policy_is_a_clear_error(
     tmp_path: Path, openai: ScriptedOpenAI
 ) -> None:

@@ -55,6 +55,15 @@ def invalid_params(message: str) -> A2AError:
     return error(INVALID_PARAMS, message)
 
 
+def conversation_gone(context_id: str) -> A2AError:
+    """The answer to a message whose context's conversation was deleted before its task was
+    first stored (storage refuses a task of a conversation that is gone): nothing of the task
+    is stored, and sending the message again starts a new conversation."""
+    return error(INTERNAL_ERROR, f"the conversation of context {context_id!r} was deleted before "
+                                 "this message's task was stored: nothing was stored; send the "
+                                 "message again to start a new conversation")
+
+
 class ErrorInfo(msgspec.Struct, kw_only=True, rename={"type": "@type"}):
     type: str = ERROR_INFO_TYPE
     reason: str

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
+from agentik.a2a import errors as e
 from agentik.a2a.executor import RequestContext
 from agentik.a2a.store import StoredTask, TaskStore, status_change
 from agentik.a2a.types import (
@@ -36,7 +37,7 @@ from agentik.a2a.types import (
     agent_message,
     timestamp,
 )
-from agentik.errors import A2AError
+from agentik.errors import A2AError, NotFoundError
 
 
 @dataclass(eq=False)
@@ -101,7 +102,8 @@ class Updater:
 
     async def _ensure_task(self, state: TaskState, message: Message | None) -> bool:
         """Create the run's task if it does not exist yet; True if this call did (with the given
-        status)."""
+        status). Raises :func:`~agentik.a2a.errors.conversation_gone` when the context's
+        conversation was deleted before the task was stored."""
         run = self._run
         if run.snapshot is not None:
             return False
@@ -110,7 +112,10 @@ class Updater:
             status=TaskStatus(state=state, message=message, timestamp=timestamp()),
             history=[self._request.message],
         )
-        run.snapshot = await self._store.create(task, self._request.conversation_id)
+        try:
+            run.snapshot = await self._store.create(task, self._request.conversation_id)
+        except NotFoundError:  # storage refuses a task of a conversation that is gone
+            raise e.conversation_gone(self._request.context_id) from None
         run.ready.set()
         return True
 

@@ -138,8 +138,8 @@ class AgentikExecutor:
         if cid is None:
             raise e.error(e.INTERNAL_ERROR, "the context has no conversation")
         conversation = await self.agent.get_conversation(cid)
-        if conversation is None:
-            raise e.error(e.INTERNAL_ERROR, f"the context's conversation {cid!r} is gone")
+        if conversation is None:  # deleted since the facade looked it up
+            raise e.conversation_gone(request.context_id)
         context = MessageContext(
             origin=MessageOrigin(kind="agent", id=request.context_id),
             metadata={"a2a_context_id": request.context_id, "a2a_task_id": request.task_id,
@@ -157,8 +157,8 @@ class AgentikExecutor:
                     turn.turn_id = await conversation.send(to_content(request.message.parts), context)
                 except (MailboxFullError, BusyError) as exc:
                     raise e.error(e.INTERNAL_ERROR, f"the conversation is busy: {exc}") from None
-                except NotFoundError as exc:
-                    raise e.error(e.INTERNAL_ERROR, str(exc)) from None
+                except NotFoundError:  # deleted since the lookup
+                    raise e.conversation_gone(request.context_id) from None
                 turn.known.set()
                 try:
                     await self._watch_durable(cid, cursor, turn, updater, online)

@@ -4,7 +4,10 @@
 - A message without ``taskId`` starts a new task in its context (a new context when it has no
   ``contextId``); the executor runs in the service's own nursery, so the task goes on when the
   request that started it ends. The task is stored when the executor first reports on it
-  (``returnImmediately`` stores it SUBMITTED at once); a direct reply stores nothing.
+  (``returnImmediately`` stores it SUBMITTED at once); a direct reply stores nothing. If the
+  context's conversation is deleted between the lookup and that first store, storage refuses
+  the task: the message is answered with :func:`~agentik.a2a.errors.conversation_gone` (-32603,
+  nothing stored, before any stream opens), and sent again it starts a new conversation.
 - An execution's A2AError is the request's answer, also when it is raised inside a nursery of
   the executor (an exception group of agentik errors only); anything else is an unexpected
   failure (logged, -32603).
@@ -47,7 +50,7 @@ from agentik.a2a.types import (
     text_part,
     timestamp,
 )
-from agentik.errors import A2AError, AgentikError
+from agentik.errors import A2AError, AgentikError, NotFoundError
 
 log = logging.getLogger("agentik.a2a")
 
@@ -154,7 +157,10 @@ class A2AService:
                 task = Task(id=task_id, context_id=context_id,
                             status=TaskStatus(state=SUBMITTED, timestamp=timestamp()),
                             history=[request.message])
-                run.snapshot = await self.store.create(task, conversation)
+                try:
+                    run.snapshot = await self.store.create(task, conversation)
+                except NotFoundError:  # deleted since the lookup: storage refuses the task
+                    raise e.conversation_gone(context_id) from None
                 run.ready.set()
         run.updater = Updater(self.store, run)
         self._runs[run.request.task_id] = run
