@@ -154,26 +154,33 @@ class ToolCallSpec(Wire, frozen=True, kw_only=True):
     arguments: str
 
 
-class SystemItem(Tagged, frozen=True, kw_only=True, tag="system"):
+# Working-memory items are not tracked by the cycle collector (``gc=False``): a live actor keeps its
+# whole working memory (actors/memory.py), and a cold-loaded 10,000-item conversation tracked 35k
+# objects, a heap growth that made CPython run a full collection (~65 ms in agentik's process) on
+# nearly every cold load (issue 13). They cannot be part of a cycle: frozen, and their fields are
+# strings and lists of frozen string-only structs.
+
+
+class SystemItem(Tagged, frozen=True, kw_only=True, tag="system", gc=False):
     text: str
 
 
-class UserItem(Tagged, frozen=True, kw_only=True, tag="user"):
+class UserItem(Tagged, frozen=True, kw_only=True, tag="user", gc=False):
     content: list[Content]
 
 
-class AssistantItem(Tagged, frozen=True, kw_only=True, tag="assistant"):
+class AssistantItem(Tagged, frozen=True, kw_only=True, tag="assistant", gc=False):
     content: list[Content]
     tool_calls: list[ToolCallSpec] = []
 
 
-class ToolItem(Tagged, frozen=True, kw_only=True, tag="tool"):
+class ToolItem(Tagged, frozen=True, kw_only=True, tag="tool", gc=False):
     call_id: str
     name: str
     content: str
 
 
-class SummaryItem(Tagged, frozen=True, kw_only=True, tag="summary"):
+class SummaryItem(Tagged, frozen=True, kw_only=True, tag="summary", gc=False):
     """Replaces compacted turns: the model's own summary of them."""
 
     text: str

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import msgspec
 import pytest
 
@@ -121,3 +123,23 @@ def test_content_takes_its_fields_positionally_and_by_keyword() -> None:
     assert w.encode(w.Image("aGk=", "image/jpeg")) == (
         b'{"type":"image","data":"aGk=","mime":"image/jpeg"}')
     assert msgspec.json.decode(b'{"type":"text","body":"hi"}', type=w.Content) == w.Text("hi")
+
+
+def test_working_items_are_not_tracked_by_the_cycle_collector() -> None:
+    """A live actor keeps its whole working memory: the item structs are not tracked (only their
+    content lists are), so a cold load of a long conversation grows the collector's heap less and
+    sets off fewer full collections (the comment above ``SystemItem`` in agentik/wire.py);
+    constructed or decoded alike."""
+    call = w.ToolCallSpec(call_id="c1", name="add", arguments="{}")
+    items: list[w.WorkingItem] = [
+        w.SystemItem(text="be brief"),
+        w.UserItem(content=[w.Text(body="hi"), w.Image(data="aGk=")]),
+        w.AssistantItem(content=[w.Text(body="hello")], tool_calls=[call]),
+        w.ToolItem(call_id="c1", name="add", content="3"),
+        w.SummaryItem(text="they met"),
+    ]
+    for item in items:
+        decoded = w.decode_working_item(w.encode(item))
+        assert decoded == item
+        assert not gc.is_tracked(item), type(item).__name__
+        assert not gc.is_tracked(decoded), type(item).__name__
