@@ -71,6 +71,8 @@ def user_parts(content: Sequence[Content], *, supports_images: bool) -> list[Con
 
 def assistant_text(content: Sequence[Content]) -> str:
     """The text of an assistant message; images are dropped (with a warning)."""
+    if len(content) == 1 and isinstance(content[0], Text):  # the common case, fast
+        return content[0].body
     texts = [item.body for item in content if isinstance(item, Text)]
     if len(texts) != len(content):
         log.warning("dropped image(s) from an assistant message: the model takes none")
@@ -82,15 +84,17 @@ def render_history(
 ) -> list[M]:
     """``history`` as ``fmt``'s messages, one per item, in order."""
     messages: list[M] = []
-    for item in history:
-        if isinstance(item, SystemItem):
-            messages.append(fmt.system(item.text))
-        elif isinstance(item, SummaryItem):
-            messages.append(fmt.system(SUMMARY_PREFIX + item.text))
-        elif isinstance(item, UserItem):
-            messages.append(fmt.user(user_parts(item.content, supports_images=supports_images)))
+    append = messages.append
+    user, assistant = fmt.user, fmt.assistant
+    for item in history:  # one pass, the common kinds first (a cold load renders every item)
+        if isinstance(item, UserItem):
+            append(user(user_parts(item.content, supports_images=supports_images)))
         elif isinstance(item, AssistantItem):
-            messages.append(fmt.assistant(assistant_text(item.content), item.tool_calls))
+            append(assistant(assistant_text(item.content), item.tool_calls))
         elif isinstance(item, ToolItem):
-            messages.append(fmt.tool(item.call_id, item.name, item.content))
+            append(fmt.tool(item.call_id, item.name, item.content))
+        elif isinstance(item, SystemItem):
+            append(fmt.system(item.text))
+        elif isinstance(item, SummaryItem):
+            append(fmt.system(SUMMARY_PREFIX + item.text))
     return messages

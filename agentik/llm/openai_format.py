@@ -54,6 +54,8 @@ class OpenAiFormat:
 
     def user(self, parts: Sequence[Content]) -> Message:
         """One text part as a string, else a list of content parts."""
+        if len(parts) == 1 and isinstance(parts[0], Text):  # the common case, fast
+            return {"role": "user", "content": parts[0].body}
         out: list[dict[str, Any]] = []
         for item in parts:
             if isinstance(item, Text):
