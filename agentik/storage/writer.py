@@ -1,10 +1,12 @@
 """The synchronous half of the StorageActor: one sqlite3 connection, used from one worker thread at a
 time (the actor awaits each batch before it starts the next).
 
-``commit_batch`` applies a batch of ops in ONE transaction. Each op runs inside its own SAVEPOINT:
-an op that fails on purpose (NotFoundError, ...) is rolled back alone and its seqs are handed back,
-so the counter stays gap-free; any sqlite3 error fails the whole batch, which is rolled back and
-acknowledged to nobody. The ops themselves are in ``sqlite_ops``.
+``commit_batch`` applies a batch of ops in ONE transaction. An op that fails on purpose
+(NotFoundError, ...) is rolled back alone and its seqs are handed back, so the counter stays
+gap-free: the batch first runs with no SAVEPOINT (the common case: nothing refused); if an op is
+refused, the transaction is rolled back and the batch runs again with each op in its own SAVEPOINT.
+Any sqlite3 error fails the whole batch, which is rolled back and acknowledged to nobody. The ops
+themselves are in ``sqlite_ops``.
 """
 
 from __future__ import annotations
@@ -101,23 +103,19 @@ class Writer:
 
     def commit_batch(self, batch: list[ops.AnyOp]) -> BatchResult:
         """Apply ``batch`` in one transaction. Raises StorageError if nothing was committed."""
-        tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=self.clock())
-        results: list[Any] = []
         conn = self.conn
+        now = self.clock()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op in batch:
-                mark = (tx.next_seq, len(tx.events))
-                conn.execute("SAVEPOINT op")
-                try:
-                    results.append(apply_op(conn, tx, op))
-                    conn.execute("RELEASE op")
-                except AgentikError as exc:
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
-                    tx.next_seq, n_events = mark
-                    del tx.events[n_events:]
-                    results.append(exc)
+            applied = self._apply(batch, now)
+            if applied is None:
+                # An op was refused after it may have written rows: start the batch over, each op
+                # in its own SAVEPOINT this time (the ops are deterministic given the database and
+                # ``now``, so the ops before the refused one do again what they did).
+                conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")
+                applied = self._apply_each_in_savepoint(batch, now)
+            tx, results = applied
             if tx.next_seq != self.next_seq:
                 conn.execute("UPDATE meta SET value=? WHERE key='next_seq'", (str(tx.next_seq),))
                 self._trim(tx)
@@ -132,6 +130,40 @@ class Writer:
         self.next_seq = tx.next_seq
         self.oldest = self._oldest(self.next_seq)
         return BatchResult(results, tx.events, self.oldest, self.next_seq - 1)
+
+    def _apply(self, batch: list[ops.AnyOp], now: float) -> tuple[Tx, list[Any]] | None:
+        """Apply every op of ``batch`` with no SAVEPOINT, or return None at the first refused one
+        (whose rows may then be in the transaction). A SAVEPOINT per op is what made the batch
+        slow: each copies every page its op touches to the statement journal first."""
+        tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
+        results: list[Any] = []
+        conn = self.conn
+        try:
+            for op in batch:
+                results.append(apply_op(conn, tx, op))
+        except AgentikError:
+            return None
+        return tx, results
+
+    def _apply_each_in_savepoint(self, batch: list[ops.AnyOp], now: float) -> tuple[Tx, list[Any]]:
+        """Apply ``batch`` with each op in its own SAVEPOINT: a refused op (AgentikError) is
+        rolled back alone and its seqs are handed back, so the counter stays gap-free."""
+        tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
+        results: list[Any] = []
+        conn = self.conn
+        for op in batch:
+            mark = (tx.next_seq, len(tx.events))
+            conn.execute("SAVEPOINT op")
+            try:
+                results.append(apply_op(conn, tx, op))
+                conn.execute("RELEASE op")
+            except AgentikError as exc:
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+                tx.next_seq, n_events = mark
+                del tx.events[n_events:]
+                results.append(exc)
+        return tx, results
 
     def probe(self) -> None:
         """A small write that must reach the disk (see ``engine.probe_write``): a row of a few
