@@ -1,5 +1,6 @@
 """How one batch is applied (issue 13, durable rate): the SQLite writer runs a batch without a
-SAVEPOINT per op and starts over with them only when an op is refused."""
+SAVEPOINT per op and starts over with them only when an op is refused; a conversation's seq is
+written once per batch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agentik.errors import ConflictError
+from agentik.errors import ConflictError, NotFoundError
 from agentik.storage import ops
 from agentik.storage import writer as writer_module
 from agentik.storage.writer import Writer
@@ -69,4 +70,50 @@ def test_op_refused_after_writing_rows_leaves_none_and_the_batch_runs_once(
     assert stored["turns"] == ["m1", "m2"]
     assert stored["offsets"] == [1, 2, 3, 4]
     assert stored["seqs"] == {"c1": 3, "c2": 4}
+    w.close()
+
+
+def test_conversation_seq_is_its_last_change_in_a_batch(tmp_path: Path) -> None:
+    """Each conversation's row gets the seq of its last change of the batch (run without
+    SAVEPOINTs: nothing refused), whatever came between: a rename, a turn's end with its
+    touched, a deletion and a new conversation of the same id."""
+    w = _writer(tmp_path)
+    batch: list[ops.AnyOp] = [
+        _send("c1", "a1"), _send("c2", "b1"), _send("c1", "a2"),          # 3 4 5
+        ops.RenameConversation(conversation_id="c1", title="t"),          # 6
+        _send("c1", "a3"),                                                # 7
+        ops.FinishTurn(conversation_id="c1", turn_id="a1", interrupted=True),  # 8 + touched 9
+        _send("c1", "a4"),                                                # 10
+        _send("c2", "b2"),                                                # 11
+        ops.DeleteConversation(conversation_id="c2"),                     # 12 closing, 13 deleted
+        _create("c2"),                                                    # 14
+        _send("c2", "b4"),                                                # 15
+    ]
+    result = w.commit_batch(batch)
+    assert [e.offset for e in result.events] == list(range(3, 16))
+    renamed = result.results[3]
+    assert (renamed.title, renamed.seq) == ("t", 6)  # read back with the rename's seq
+    assert result.results[9].seq == 14  # the new c2 as created
+    stored = _stored(w)
+    assert stored["seqs"] == {"c1": 10, "c2": 15}
+    assert stored["messages"] == ["a1", "a2", "a3", "a4", "b4"]
+    # The next batch starts from what is stored: its bumps are written too.
+    w.commit_batch([_send("c1", "a5"), _send("c1", "a6")])
+    assert _stored(w)["seqs"] == {"c1": 17, "c2": 15}
+    w.close()
+
+
+def test_conversation_seq_after_a_refusal_in_savepoint_mode(tmp_path: Path) -> None:
+    """The same when the batch had to start over with a SAVEPOINT per op: a refused op's bumps
+    are handed back with its seqs, the others' written; a send after its conversation's
+    deletion in the same batch is refused."""
+    w = _writer(tmp_path)
+    result = w.commit_batch([
+        _send("c1", "a1"), _send("c1", "a2"), _send("missing", "x"), _send("c2", "b1"),
+        _send("c1", "a3"), ops.DeleteConversation(conversation_id="c2"), _send("c2", "b2"),
+    ])
+    assert isinstance(result.results[2], NotFoundError)
+    assert isinstance(result.results[6], NotFoundError)
+    assert [e.offset for e in result.events] == [3, 4, 5, 6, 7, 8]
+    assert _stored(w)["seqs"] == {"c1": 6}
     w.close()

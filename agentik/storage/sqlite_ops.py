@@ -83,6 +83,7 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
     )
     if cur.rowcount == 0:
         raise not_found(op.conversation_id)
+    tx.seqs[op.conversation_id] = 0  # its row has its latest seq
     emit(conn, tx, seq, op.conversation_id,
           Renamed(conversation_id=op.conversation_id, title=op.title, updated_at=tx.now),
           kind="agent")
@@ -141,7 +142,7 @@ def _finish_turn(conn: sqlite3.Connection, tx: Tx, op: ops.FinishTurn) -> list[M
         out.append(record)
     if op.interrupted:
         seq = alloc(tx)
-        bump(conn, op.conversation_id, seq)
+        bump(conn, tx, op.conversation_id, seq)
         emit(conn, tx, seq, op.conversation_id, Interrupted(turn_id=op.turn_id),
               kind="conversation")
     if op.error is not None:
@@ -178,7 +179,7 @@ def _compact(conn: sqlite3.Connection, tx: Tx, op: ops.Compact) -> None:
             (op.conversation_id, first, tx.now, encode(op.summary)),
         )
     seq = alloc(tx)
-    bump(conn, op.conversation_id, seq)
+    bump(conn, tx, op.conversation_id, seq)
     summary_text = getattr(op.summary, "text", None)
     emit(conn, tx, seq, op.conversation_id,
           CompactionTriggered(dropped_items=op.dropped, summary=summary_text),

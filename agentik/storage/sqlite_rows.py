@@ -5,7 +5,9 @@ memory item, the conversation's seq bump, a whole conversation's deletion (with 
 Every time stored is ``tx.now`` (the writer's clock at this batch). Conversation existence is
 checked by the row count of the conversation UPDATE that every seq-taking op performs, i.e.
 after the op took its seqs: an op refused so raises NotFoundError and its SAVEPOINT hands the
-seqs back.
+seqs back. A conversation bumped again in the same transaction needs no UPDATE: ``Tx.seqs``
+holds its latest seq, written once at the end (``write_seqs``). The outbox rows are written at
+the end too (``write_outbox``): the batch's ops read neither.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class Tx:
     next_seq: int
     now: float
     events: list[StoredEvent] = field(default_factory=list)
+    #: the conversations this transaction has found by a ``bump`` and not deleted since: id ->
+    #: the seq their row must still be given (0: the row has its latest seq already). An op that
+    #: sets a conversation's seq itself (a rename) sets 0 here, or an older seq would win.
+    seqs: dict[str, int] = field(default_factory=dict)
 
 
 def emit(
@@ -65,13 +71,17 @@ def emit(
     common = CommonEvent(
         cursor=Cursor(epoch=tx.epoch, offset=seq), conversation_id=conversation_id, event=event
     )
-    raw = encode(common)
-    conn.execute(
+    tx.events.append(StoredEvent(seq, conversation_id, kind, common, encode(common)))
+
+
+def write_outbox(conn: sqlite3.Connection, tx: Tx) -> None:
+    """The outbox rows of every event the transaction emitted, in one statement: an op reads no
+    outbox row, so they are written together at the end of the batch (before its trim)."""
+    conn.executemany(
         'INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload) '
         "VALUES (?, ?, ?, ?, ?)",
-        (seq, conversation_id, kind, tx.now, raw),
+        [(ev.offset, ev.conversation_id, ev.kind, tx.now, ev.raw) for ev in tx.events],
     )
-    tx.events.append(StoredEvent(seq, conversation_id, kind, common, raw))
 
 
 def alloc(tx: Tx) -> int:
@@ -89,9 +99,16 @@ def conversation_exists(conn: sqlite3.Connection, conversation_id: str) -> None:
         raise not_found(conversation_id)
 
 
-def bump(conn: sqlite3.Connection, conversation_id: str, seq: int, updated_at: float | None = None) -> None:
-    """Set the conversation's seq (and updated_at); NotFoundError if it does not exist."""
+def bump(
+    conn: sqlite3.Connection, tx: Tx, conversation_id: str, seq: int,
+    updated_at: float | None = None,
+) -> None:
+    """Set the conversation's seq (and updated_at); NotFoundError if it does not exist. A seq
+    alone, for a conversation this transaction already found, is only noted in ``tx.seqs``."""
     if updated_at is None:
+        if conversation_id in tx.seqs:
+            tx.seqs[conversation_id] = seq
+            return
         cur = conn.execute("UPDATE conversation SET seq=? WHERE id=?", (seq, conversation_id))
     else:
         cur = conn.execute(
@@ -100,13 +117,21 @@ def bump(conn: sqlite3.Connection, conversation_id: str, seq: int, updated_at: f
         )
     if cur.rowcount == 0:
         raise not_found(conversation_id)
+    tx.seqs[conversation_id] = 0
+
+
+def write_seqs(conn: sqlite3.Connection, tx: Tx) -> None:
+    """Give the rows of ``tx.seqs`` their latest seq (at the end of the batch)."""
+    pending = [(seq, cid) for cid, seq in tx.seqs.items() if seq]
+    if pending:
+        conn.executemany("UPDATE conversation SET seq=? WHERE id=?", pending)
 
 
 def journal(
     conn: sqlite3.Connection, tx: Tx, conversation_id: str, message_id: str, message: Message
 ) -> MessageRecord:
     seq = alloc(tx)
-    bump(conn, conversation_id, seq)
+    bump(conn, tx, conversation_id, seq)
     record = MessageRecord(
         id=message_id, seq=seq, conversation_id=conversation_id, created_at=tx.now, message=message
     )
@@ -136,7 +161,7 @@ def append_memory(
 
 def touch(conn: sqlite3.Connection, tx: Tx, conversation_id: str) -> None:
     seq = alloc(tx)
-    bump(conn, conversation_id, seq, tx.now)
+    bump(conn, tx, conversation_id, seq, tx.now)
     emit(conn, tx, seq, conversation_id,
           Touched(conversation_id=conversation_id, updated_at=tx.now), kind="agent")
 
@@ -147,11 +172,13 @@ def delete_conversation(conn: sqlite3.Connection, tx: Tx, conversation_id: str, 
     for table in ("message", "working_memory", "turn", "a2a_task"):  # its A2A tasks go too
         conn.execute(f"DELETE FROM {table} WHERE conversation_id=?", (conversation_id,))
     conn.execute("DELETE FROM conversation WHERE id=?", (conversation_id,))
+    tx.seqs.pop(conversation_id, None)
     seq = alloc(tx)
     emit(conn, tx, seq, conversation_id, Deleted(conversation_id=conversation_id), kind="agent")
 
 
 def read_record(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecord:
+    """The conversation's row (its seq as stored: only ever read right after the op set it)."""
     row = conn.execute(
         "SELECT id, title, is_temporal, created_at, updated_at, seq FROM conversation WHERE id=?",
         (conversation_id,),

@@ -23,6 +23,7 @@ from agentik.storage import ops
 from agentik.storage.dblock import lock_database
 from agentik.storage.schema import migrate
 from agentik.storage.sqlite_ops import StoredEvent, Tx, apply_op, row_to_conversation
+from agentik.storage.sqlite_rows import write_outbox, write_seqs
 
 #: re-exported: what readers, the hub and the agent import from here
 __all__ = ["BatchResult", "StoredEvent", "Writer", "open_connection", "row_to_conversation"]
@@ -116,6 +117,9 @@ class Writer:
                 conn.execute("BEGIN IMMEDIATE")
                 applied = self._apply_each_in_savepoint(batch, now)
             tx, results = applied
+            write_seqs(conn, tx)
+            if tx.events:
+                write_outbox(conn, tx)
             if tx.next_seq != self.next_seq:
                 conn.execute("UPDATE meta SET value=? WHERE key='next_seq'", (str(tx.next_seq),))
                 self._trim(tx)
@@ -152,7 +156,7 @@ class Writer:
         results: list[Any] = []
         conn = self.conn
         for op in batch:
-            mark = (tx.next_seq, len(tx.events))
+            mark = (tx.next_seq, len(tx.events), dict(tx.seqs))
             conn.execute("SAVEPOINT op")
             try:
                 results.append(apply_op(conn, tx, op))
@@ -160,7 +164,7 @@ class Writer:
             except AgentikError as exc:
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
-                tx.next_seq, n_events = mark
+                tx.next_seq, n_events, tx.seqs = mark
                 del tx.events[n_events:]
                 results.append(exc)
         return tx, results
