@@ -1,19 +1,27 @@
 """How one batch is applied (issue 13, durable rate): the SQLite writer runs a batch without a
 SAVEPOINT per op and starts over with them only when an op is refused; a conversation's seq is
-written once per batch."""
+written once per batch; a write is queued without an extra schedule point but never for a caller
+already cancelled; a full request queue still takes every write."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from agentik.errors import ConflictError, NotFoundError
 from agentik.storage import ops
+from agentik.storage import queries as q
 from agentik.storage import writer as writer_module
+from agentik.storage.actor import Storage, run_storage
 from agentik.storage.writer import Writer
 from agentik.wire import Text, UserMessage
+from tests.conftest import StorageTarget
 
 
 def _writer(tmp_path: Path) -> Writer:
@@ -117,3 +125,36 @@ def test_conversation_seq_after_a_refusal_in_savepoint_mode(tmp_path: Path) -> N
     assert [e.offset for e in result.events] == [3, 4, 5, 6, 7, 8]
     assert _stored(w)["seqs"] == {"c1": 6}
     w.close()
+
+
+@asynccontextmanager
+async def _storage(target: StorageTarget, **kw: Any) -> AsyncIterator[Storage]:
+    async with trio.open_nursery() as nursery:
+        storage: Storage = await nursery.start(
+            partial(run_storage, target.path, database_url=target.url, **kw))
+        yield storage
+        nursery.cancel_scope.cancel()
+
+
+async def test_write_of_a_cancelled_caller_is_not_queued(target: StorageTarget) -> None:
+    async with _storage(target) as st:
+        await st.write(_create("c1"))
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await st.write(_send("c1", "never"))
+        assert scope.cancelled_caught
+        await st.write(_send("c1", "after"))
+        journal = await st.reader.run(q.journal, None, 0, None, 100)
+        assert [r.id for r in journal] == ["after"]
+
+
+async def test_full_request_queue_still_takes_every_write(target: StorageTarget) -> None:
+    async with _storage(target, queue_size=1) as st:
+        await st.write(_create("c1"))
+        with trio.fail_after(20):
+            async with trio.open_nursery() as n:
+                for i in range(30):
+                    n.start_soon(st.write, _send("c1", f"m{i}"))
+        journal = await st.reader.run(q.journal, None, 0, None, 100)
+        assert sorted(r.id for r in journal) == sorted(f"m{i}" for i in range(30))
+        assert sorted(r.seq for r in journal) == list(range(2, 32))
