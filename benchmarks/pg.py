@@ -18,6 +18,7 @@ from typing import Any
 import httpx2
 import trio
 
+from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.actor import run_storage
 from agentik.wire import Text, UserMessage
@@ -114,10 +115,10 @@ def _statements_only_events_per_s(url: str, *, batch: int, batches: int) -> floa
                                                     is_temporal=False, system_prompt="s")])
         message = UserMessage(content=[Text(body="x" * 200)])
         statements = []
-        for b in range(batches):
+        for _ in range(batches):
             plan = Plan(epoch=writer.epoch, now=time.time())
             appends: list[ops.AnyOp] = [
-                ops.AppendUserMessage(conversation_id="c", message_id=f"{b}-{i}", message=message)
+                ops.AppendUserMessage(conversation_id="c", message_id=new_id(), message=message)
                 for i in range(batch)]
             writer._load(plan, appends)
             for op in appends:

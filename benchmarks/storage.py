@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
 from agentik.wire import Text, UserMessage
@@ -20,7 +21,8 @@ async def durable_events_per_s(open_storage: Callable[..., Awaitable[None]], *, 
                                per_writer: int) -> tuple[float, int]:
     """``writers`` tasks each storing ``per_writer`` user messages at once through the storage
     actor that ``open_storage`` (``run_storage`` with its engine's arguments) starts: durable
-    events/s and the largest batch the actor committed."""
+    events/s and the largest batch the actor committed. Message ids are made as agentik makes
+    them (``agentik.ids.new_id``): they are index keys, and their order matters to the commit."""
     async with trio.open_nursery() as nursery:
         storage: Storage = await nursery.start(open_storage)
         await storage.write(ops.CreateConversation(conversation_id="c", title=None, is_temporal=False,
@@ -28,9 +30,9 @@ async def durable_events_per_s(open_storage: Callable[..., Awaitable[None]], *, 
         message = UserMessage(content=[Text(body="x" * 200)])
 
         async def writer(w: int) -> None:
-            for i in range(per_writer):
+            for _ in range(per_writer):
                 await storage.write(ops.AppendUserMessage(
-                    conversation_id="c", message_id=f"{w}-{i}", message=message))
+                    conversation_id="c", message_id=new_id(), message=message))
 
         start = time.perf_counter()
         async with trio.open_nursery() as inner:

@@ -25,7 +25,9 @@ PACKAGE = Path(agentik.__file__).resolve().parent
 GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.metrics: a leaf (prometheus-client only) every layer may update
     # agentik.api: what the in-process agent and the client share (content, conversation handle)
-    "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics", "agentik.api"),
+    # agentik.ids: the ids agentik makes (time-ordered), a leaf like metrics
+    "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics", "agentik.api",
+              "agentik.ids"),
     "config": ("agentik.config",),
     "context": ("agentik.context",),
     "storage": ("agentik.storage",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 
 import msgspec
 import pytest
@@ -143,3 +144,18 @@ def test_working_items_are_not_tracked_by_the_cycle_collector() -> None:
         assert decoded == item
         assert not gc.is_tracked(item), type(item).__name__
         assert not gc.is_tracked(decoded), type(item).__name__
+
+
+def test_ids_are_32_hex_unique_and_ordered_by_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stored ids grow with time (index inserts land at the B-tree's right edge) and differ
+    within one millisecond."""
+    from agentik import ids
+
+    now = [1_764_600_000_000 * 1_000_000]
+    monkeypatch.setattr(ids.time, "time_ns", lambda: now[0])
+    same_ms = [ids.new_id() for _ in range(1000)]
+    now[0] += 1_000_000  # one millisecond later
+    later = [ids.new_id() for _ in range(1000)]
+    assert len(set(same_ms + later)) == 2000
+    assert all(re.fullmatch("[0-9a-f]{32}", i) for i in same_ms + later)
+    assert max(same_ms) < min(later)

@@ -38,6 +38,7 @@ from agentik.a2a.types import (
     timestamp,
 )
 from agentik.errors import A2AError, NotFoundError
+from agentik.ids import new_id
 
 
 @dataclass(eq=False)
@@ -98,7 +99,7 @@ class Updater:
 
     def agent_message(self, parts: list[Part]) -> Message:
         return agent_message(parts, context_id=self._request.context_id,
-                             task_id=self._request.task_id, message_id=uuid.uuid4().hex)
+                             task_id=self._request.task_id, message_id=new_id())
 
     async def _ensure_task(self, state: TaskState, message: Message | None) -> bool:
         """Create the run's task if it does not exist yet; True if this call did (with the given

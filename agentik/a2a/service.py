@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import msgspec
@@ -51,6 +50,7 @@ from agentik.a2a.types import (
     timestamp,
 )
 from agentik.errors import A2AError, AgentikError, NotFoundError
+from agentik.ids import new_id
 
 log = logging.getLogger("agentik.a2a")
 
@@ -145,9 +145,9 @@ class A2AService:
         if message.task_id:
             run = await self._follow_up(message)
         else:
-            context_id = message.context_id or uuid.uuid4().hex
+            context_id = message.context_id or new_id()
             conversation = await self._conversation_for(context_id)
-            task_id = uuid.uuid4().hex
+            task_id = new_id()
             request = RequestContext(
                 message=msgspec.structs.replace(message, context_id=context_id, task_id=task_id),
                 task_id=task_id, context_id=context_id, task=None, conversation_id=conversation,

@@ -16,7 +16,6 @@ StreamResponse its subscribers get. So:
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,6 +39,7 @@ from agentik.a2a.types import (
 )
 from agentik.agent import TaskRecords
 from agentik.errors import AgentikError, NotFoundError
+from agentik.ids import new_id
 from agentik.wire import TaskUpdated
 
 if TYPE_CHECKING:
@@ -185,5 +185,5 @@ def fail_change(task: Task, reason: str) -> tuple[Task, StreamResponse] | None:
     if task.status.state in TERMINAL:
         return None
     message = agent_message([text_part(reason)], context_id=task.context_id, task_id=task.id,
-                            message_id=uuid.uuid4().hex)
+                            message_id=new_id())
     return status_change(task, TaskStatus(state=FAILED, message=message, timestamp=timestamp()))

@@ -11,7 +11,6 @@ turns: it cancels the running turn's scope directly.
 
 from __future__ import annotations
 
-import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from agentik import metrics
 from agentik.actors.deps import Deps
 from agentik.actors.messages import MailboxMessage, Turn
 from agentik.errors import BusyError, ConversationFailedError, MailboxFullError
+from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.wire import Content, MessageContext, MessageRecord, UserMessage
 
@@ -98,7 +98,7 @@ class ConversationHandle:
         if busy and policy == "reject":
             metrics.BUSY_REJECTIONS.inc()
             raise BusyError(f"conversation {self.conversation_id!r} is running a turn")
-        turn = Turn(turn_id=uuid.uuid4().hex, content=tuple(content), context=context)
+        turn = Turn(turn_id=new_id(), content=tuple(content), context=context)
         try:
             self.mailbox.send_nowait(turn)
         except trio.WouldBlock:

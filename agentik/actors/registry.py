@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from functools import partial
 
@@ -28,6 +27,7 @@ from agentik.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.health import RETRY
 from agentik.storage.queries import get_conversation, idempotency_key
@@ -71,7 +71,7 @@ class Registry:
             replayed = await self._replayed(idempotency)
             if replayed is not None:
                 return await self._replayed_conversation(replayed)
-        conversation_id = uuid.uuid4().hex
+        conversation_id = new_id()
         result: ConversationRecord | ops.Replayed = await self.deps.storage.write(
             ops.CreateConversation(
                 conversation_id=conversation_id, title=title, is_temporal=temp,

@@ -14,13 +14,13 @@ of two ways: with its answer (``after_round`` returns ``Answer``), or through :f
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
 import msgspec
 
+from agentik.ids import new_id
 from agentik.llm.base import (
     FinishDelta,
     LlmDelta,
@@ -199,7 +199,7 @@ def after_round(state: TurnState, max_tool_rounds: int) -> RunTools | Answer | F
         assert answer is not None  # only a turn ended without its answer may have no message
         return Answer(ops.FinishTurn(
             conversation_id=state.conversation_id, turn_id=state.turn_id,
-            assistant=(uuid.uuid4().hex, answer), item=_final_item(state),
+            assistant=(new_id(), answer), item=_final_item(state),
         ))
     if state.rounds > max_tool_rounds:
         return Failed("tool_rounds",
@@ -207,7 +207,7 @@ def after_round(state: TurnState, max_tool_rounds: int) -> RunTools | Answer | F
     op = ops.AppendToolCalls(
         conversation_id=state.conversation_id,
         calls=tuple(
-            (uuid.uuid4().hex, ToolCall(call_id=c.call_id, name=c.name, arguments=c.arguments,
+            (new_id(), ToolCall(call_id=c.call_id, name=c.name, arguments=c.arguments,
                                         turn_id=state.turn_id))
             for c in calls
         ),
@@ -253,7 +253,7 @@ def tool_done(state: TurnState, result: ToolResult) -> ops.AppendToolResult:
     """The op storing one call's result; the call is no longer pending."""
     state.pending_calls = [c for c in state.pending_calls if c.call_id != result.call_id]
     return ops.AppendToolResult(
-        conversation_id=state.conversation_id, message_id=uuid.uuid4().hex, result=result,
+        conversation_id=state.conversation_id, message_id=new_id(), result=result,
         item=ToolItem(call_id=result.call_id, name=result.name, content=result.content),
     )
 
@@ -290,10 +290,10 @@ def end(state: TurnState, ending: Ending) -> list[ops.AppendToolResult | ops.Fin
     state.finished = True
     out.append(ops.FinishTurn(
         conversation_id=state.conversation_id, turn_id=state.turn_id,
-        assistant=(uuid.uuid4().hex, partial) if partial is not None else None,
+        assistant=(new_id(), partial) if partial is not None else None,
         item=item if item is not None and item.content else None,
         interrupted=isinstance(ending, Interrupted),
-        error=(uuid.uuid4().hex, error) if error is not None else None,
+        error=(new_id(), error) if error is not None else None,
         forget_from=ending.forget_from if isinstance(ending, Failed) else None,
     ))
     return out

@@ -11,7 +11,6 @@ events (:meth:`Plan.events`) are built from ``base`` after commit.
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
@@ -25,6 +24,7 @@ from agentik.errors import (
     NotFoundError,
     StorageError,
 )
+from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.pg_reader import stamp
 from agentik.storage.writer import StoredEvent
@@ -319,7 +319,7 @@ def _recover_turns(p: Plan, op: ops.RecoverTurns) -> Result:
         if p.conv.get(cid) is None:
             continue
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
-        rel, record = p.journal(p.require(cid), uuid.uuid4().hex, error)
+        rel, record = p.journal(p.require(cid), new_id(), error)
         p.emit(rel, cid, ErrorEvent(record=record), "conversation")
         p.touch(cid)
         p.turns_deleted.append(turn_id)

@@ -8,13 +8,13 @@ AgentikError: the batch's SAVEPOINT rolls back its rows and hands its seqs back.
 from __future__ import annotations
 
 import sqlite3
-import uuid
 from collections.abc import Callable
 from typing import Any, assert_never
 
 import msgspec
 
 from agentik.errors import ConflictError, IdempotencyKeyReusedError
+from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.sqlite_rows import (
     StoredEvent,
@@ -195,7 +195,7 @@ def _recover_turns(conn: sqlite3.Connection, tx: Tx, op: ops.RecoverTurns) -> in
     rows = conn.execute(sql + " ORDER BY t.rowid", args).fetchall()
     for turn_id, conversation_id in rows:
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
-        record = journal(conn, tx, conversation_id, uuid.uuid4().hex, error)
+        record = journal(conn, tx, conversation_id, new_id(), error)
         emit(conn, tx, record.seq, conversation_id, ErrorEvent(record=record),
               kind="conversation")
         touch(conn, tx, conversation_id)
