@@ -247,15 +247,27 @@ async def test_two_nodes_senders_and_readers_see_one_sequence(
 
 
 async def _start_long_answer(client: AgentikAgent, scripted: ScriptedOpenAI) -> tuple[str, str]:
+    """Send a question whose answer hangs after its first text, and return once that text was
+    streamed. The live stream is open before the send: live events are not replayed, and a turn
+    of an idle conversation starts as soon as its message is stored."""
     scripted.push(Hang(text_before="Let me think"))
     conv = await client.create_conversation()
-    live = client.online_outbox.online_events(conv.id)
-    async with aclosing(live):
+    opened, streamed = trio.Event(), trio.Event()
+    live = client.online_outbox.online_events(conv.id, on_open=lambda _: opened.set())
+
+    async def read() -> None:
+        async for ev in live:
+            if event_type(ev.event) == "append_text":
+                streamed.set()
+                return
+
+    async with aclosing(live), trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        with trio.fail_after(30):
+            await opened.wait()
         mid = await client.send(conv.id, "a long question")
         with trio.fail_after(30):
-            async for ev in live:
-                if event_type(ev.event) == "append_text":
-                    break
+            await streamed.wait()
     return conv.id, mid
 
 

@@ -81,10 +81,13 @@ class ConversationActor(TurnEndings):
         try:
             while True:
                 with trio.move_on_after(self.deps.config.idle_timeout) as idle:
+                    self.h.idle = True  # a send now may start its turn with its message
                     try:
                         msg = await self.h.inbox.receive()
                     except trio.EndOfChannel:
                         return  # the mailbox was closed: the conversation is being stopped
+                    finally:
+                        self.h.idle = False
                 if idle.cancelled_caught:
                     if self.h.keeper.passivate(self.h):
                         return
@@ -116,6 +119,8 @@ class ConversationActor(TurnEndings):
         await turn.stored.wait()
         if not turn.store_ok:
             h.current = None
+            if turn.started:
+                self.memory.invalidate()  # never stored; dropped all the same, to be safe
             return
         state = logic.TurnState(conversation_id=self.h.conversation_id, turn_id=turn.turn_id)
         h.interrupt_requested = False
@@ -191,7 +196,11 @@ class ConversationActor(TurnEndings):
             # MCP servers connect and change their tool lists in the background, and a session
             # is opened with a fixed tool list, so a changed list means a new session.
             await self.close_llm()
-        await self.memory.write(logic.start(state, turn.content))
+        start = logic.start(state, turn.content)
+        if turn.started:
+            self.memory.stored(start)  # committed with the user message (ops.AppendUserMessage)
+        else:
+            await self.memory.write(start)
         content: Sequence[Content] | None = turn.content
         while True:
             logic.new_round(state)

@@ -19,6 +19,7 @@ from typing import Protocol
 import trio
 
 from agentik import metrics
+from agentik.actors import turn as logic
 from agentik.actors.deps import Deps
 from agentik.actors.messages import MailboxMessage, Turn
 from agentik.errors import BusyError, ConversationFailedError, MailboxFullError
@@ -63,6 +64,10 @@ class ConversationHandle:
     turn_scope: trio.CancelScope | None = None
     interrupt_requested: bool = False
     actor_scope: trio.CancelScope | None = None
+    #: the actor waits for its next turn in its mailbox loop (not running, storing or ending a
+    #: turn, not crashed): with nothing queued either, a send's turn is the next thing the
+    #: conversation does, so its start is stored with its message (one commit, not two)
+    idle: bool = False
     exited: trio.Event = field(default_factory=trio.Event)
     crashes: deque[float] = field(default_factory=deque)
 
@@ -98,7 +103,8 @@ class ConversationHandle:
         if busy and policy == "reject":
             metrics.BUSY_REJECTIONS.inc()
             raise BusyError(f"conversation {self.conversation_id!r} is running a turn")
-        turn = Turn(turn_id=new_id(), content=tuple(content), context=context)
+        turn = Turn(turn_id=new_id(), content=tuple(content), context=context,
+                    started=self.idle and not busy)
         try:
             self.mailbox.send_nowait(turn)
         except trio.WouldBlock:
@@ -110,6 +116,9 @@ class ConversationHandle:
             ) from None
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise HandleClosed() from None
+        # Not idle from here on, even before the actor runs: the turn was handed to it directly
+        # (the mailbox looks empty), and a second send must not start before this one.
+        self.idle = False
         if busy and policy == "interrupt":
             self.interrupt()
         return await self._store(turn, idempotency)
@@ -127,6 +136,7 @@ class ConversationHandle:
                         message_id=turn.turn_id,
                         message=UserMessage(content=list(turn.content), context=turn.context),
                         idempotency=idempotency,
+                        start=logic.user_item(turn.content) if turn.started else None,
                     )
                 )
             if isinstance(result, ops.Replayed):

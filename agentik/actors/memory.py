@@ -47,6 +47,12 @@ class WorkingMemory:
     def invalidate(self) -> None:
         self._items = None
 
+    def stored(self, op: ops.AnyOp) -> None:
+        """``op`` was stored by another write of this actor's conversation, one this actor
+        ordered (a turn's start stored with its user message, ``ops.AppendUserMessage.start``):
+        the copy is brought in step as if :meth:`write` had stored it."""
+        self._applied(op)
+
     async def write(self, op: ops.AnyOp) -> Any:
         """``storage.write_until_stored(op)``, and the copy brought in step with it (module
         docstring). Raises what that raises."""

@@ -19,6 +19,9 @@ class Turn:
     turn_id: str  # the user message's id
     content: tuple[Content, ...]
     context: MessageContext | None
+    #: started with its message, in the same commit (``ops.AppendUserMessage.start``: the
+    #: conversation was idle, see ``ConversationHandle.submit``): the actor stores no StartTurn
+    started: bool = False
     stored: trio.Event = field(default_factory=trio.Event)
     store_ok: bool = False
 

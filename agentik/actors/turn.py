@@ -84,9 +84,15 @@ class TurnState:
 
 def start(state: TurnState, content: Sequence[Content]) -> ops.StartTurn:
     """The op that opens the turn: its user message enters working memory now (not when it was
-    queued), so it can never land between another turn's question and answer."""
+    queued), so it can never land between another turn's question and answer. (A message sent
+    to an idle conversation is stored with this item already: ``ops.AppendUserMessage.start``.)"""
     return ops.StartTurn(conversation_id=state.conversation_id, turn_id=state.turn_id,
-                         item=UserItem(content=list(content)))
+                         item=user_item(content))
+
+
+def user_item(content: Sequence[Content]) -> UserItem:
+    """The working-memory item of a user message."""
+    return UserItem(content=list(content))
 
 
 def new_round(state: TurnState) -> None:

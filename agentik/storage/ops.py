@@ -64,12 +64,18 @@ class RenameConversation(Op, frozen=True, kw_only=True):
 
 class AppendUserMessage(Op, frozen=True, kw_only=True):
     """Journal the user's message and open its turn (working memory gets it when the turn starts,
-    so queued messages never interleave with a running turn's answer)."""
+    so queued messages never interleave with a running turn's answer).
+
+    ``start``: the turn starts in the same transaction (what a later :class:`StartTurn` of this
+    message would do: ``start`` enters working memory, the turn row is stored running). Only for
+    a message to an idle conversation, whose turn is next with nothing before it (issue 13: one
+    commit per turn fewer); not done for a replayed idempotency key."""
 
     conversation_id: str
     message_id: str
     message: UserMessage
     idempotency: Idempotency | None = None
+    start: WorkingItem | None = None
 
 
 class StartTurn(Op, frozen=True, kw_only=True):

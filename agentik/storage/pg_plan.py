@@ -232,7 +232,9 @@ def _rename(p: Plan, op: ops.RenameConversation) -> Result:
 
 def _append_user(p: Plan, op: ops.AppendUserMessage) -> Result:
     rel, record = p.journal(p.require(op.conversation_id), op.message_id, op.message)
-    p.turns[op.message_id] = (op.conversation_id, "queued", rel)
+    p.turns[op.message_id] = (op.conversation_id, "queued" if op.start is None else "running", rel)
+    if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
+        p.remember(op.conversation_id, op.start, op.message_id)
     p.emit(rel, op.conversation_id, UserMessageEvent(record=record), "conversation")
     return _stamped(record, rel)
 

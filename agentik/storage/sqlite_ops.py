@@ -93,9 +93,11 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
 def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> MessageRecord:
     record = journal(conn, tx, op.conversation_id, op.message_id, op.message)
     conn.execute(
-        "INSERT INTO turn (id, conversation_id, state) VALUES (?, ?, 'queued')",
-        (op.message_id, op.conversation_id),
+        "INSERT INTO turn (id, conversation_id, state) VALUES (?, ?, ?)",
+        (op.message_id, op.conversation_id, "queued" if op.start is None else "running"),
     )
+    if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
+        append_memory(conn, tx, op.conversation_id, op.start, op.message_id)
     emit(conn, tx, record.seq, op.conversation_id, UserMessageEvent(record=record),
           kind="conversation")
     return record
