@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from agentik import Config, open_runtime
-from agentik.errors import NotFoundError
+from agentik.errors import BusyError, NotFoundError
 from agentik.llm.base import ToolSpec
 from agentik.storage import ops
 from agentik.storage.queries import working_memory
@@ -214,3 +214,27 @@ async def test_both_engines_store_the_start_with_the_message(engine: dict[str, A
         items = await st.reader.run(working_memory, "c")
         assert [item for _, item in items] == [SystemItem(text="sys"), said("hi"), answered("yo")]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_second_send_in_the_same_tick_to_an_idle_conversation_is_busy(cfg: Config) -> None:
+    """The first send's turn went straight to the waiting actor (the mailbox looks empty), before
+    the actor ran: a second send at once still finds the conversation busy, so ``reject``
+    refuses it (it was accepted and queued)."""
+    async with open_runtime(cfg, llm=FunctionLlm(echo)) as agent:
+        conv = await agent.create_conversation()
+        cursor = await agent.outbox.current_cursor()
+        outcomes: list[object] = []
+
+        async def send(text: str) -> None:
+            try:
+                outcomes.append(await conv.send(text, on_busy="reject"))
+            except BusyError as exc:
+                outcomes.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "a")
+            nursery.start_soon(send, "b")
+        await touched(agent, cursor, conv.id, 1)
+        assert sorted(type(o).__name__ for o in outcomes) == ["BusyError", "str"], outcomes
+        memory = await agent._deps.storage.reader.run(working_memory, conv.id)
+        assert len([item for _, item in memory if isinstance(item, UserItem)]) == 1

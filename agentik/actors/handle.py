@@ -103,8 +103,8 @@ class ConversationHandle:
         if busy and policy == "reject":
             metrics.BUSY_REJECTIONS.inc()
             raise BusyError(f"conversation {self.conversation_id!r} is running a turn")
-        turn = Turn(turn_id=new_id(), content=tuple(content), context=context,
-                    started=self.idle and not busy)
+        handed = self.idle and not busy  # the actor waits in its mailbox: it gets this turn
+        turn = Turn(turn_id=new_id(), content=tuple(content), context=context, started=handed)
         try:
             self.mailbox.send_nowait(turn)
         except trio.WouldBlock:
@@ -117,8 +117,11 @@ class ConversationHandle:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise HandleClosed() from None
         # Not idle from here on, even before the actor runs: the turn was handed to it directly
-        # (the mailbox looks empty), and a second send must not start before this one.
+        # (the mailbox looks empty), and a second send must not start before this one; and it
+        # is the conversation's current turn already, so a second send sees it busy (on_busy).
         self.idle = False
+        if handed:
+            self.current = turn
         if busy and policy == "interrupt":
             self.interrupt()
         return await self._store(turn, idempotency)
