@@ -379,5 +379,23 @@ _encoder = msgspec.json.Encoder()
 encode = _encoder.encode
 
 decode_common_event = msgspec.json.Decoder(CommonEvent).decode
+
+
+class _TypeOnly(msgspec.Struct, gc=False):
+    type: str
+
+
+class _EventTypeOnly(msgspec.Struct, gc=False):
+    event: _TypeOnly
+
+
+_decode_event_type = msgspec.json.Decoder(_EventTypeOnly).decode
+
+
+def common_event_type(raw: bytes) -> str:
+    """The ``type`` tag of the event in encoded CommonEvent JSON, without decoding the rest
+    (the other fields are skipped, not built: ~0.3 us, no objects for the garbage collector)."""
+    return _decode_event_type(raw).event.type
+
 decode_message = msgspec.json.Decoder(Message).decode
 decode_working_item = msgspec.json.Decoder(WorkingItem).decode

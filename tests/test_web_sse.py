@@ -390,6 +390,58 @@ async def test_many_events_arrive_batched(client: httpx2.AsyncClient, server: Se
     assert check_durable(frames, server.agent.id) == list(range(2, 62))
 
 
+async def test_replay_sends_the_stored_bytes_without_decoding_them(
+    client: httpx2.AsyncClient, server: Server
+) -> None:
+    """A replay frames each stored event from its stored JSON as is: no page read from the outbox
+    is decoded, neither to read it nor to name the frame's ``event:`` (issue 13: decoding, and
+    collecting the garbage of, events nobody looks at was most of a replay's time). Both durable
+    streams; the conversation stream still ends after the conversation's Deleted."""
+    cid = await create(client)
+    start = (await client.get("/agentik/cursor")).json()["current"]
+    for i in range(5):
+        await rename(client, cid, f"t{i}")
+    await send(client, cid, "hello")
+    head = (await client.get("/agentik/cursor")).json()["current"]
+    reader = server.hub.reader
+    read: list[Any] = []
+    real_page = reader.outbox_page
+
+    async def outbox_page(*args: Any) -> Any:
+        page = await real_page(*args)
+        read.extend(page[2])
+        return page
+
+    reader.outbox_page = outbox_page  # type: ignore[method-assign]
+    try:
+        async with open_sse(client, "/agentik/events", after=start) as stream:
+            with trio.fail_after(10):
+                frames = [await stream.next_event()]
+                while frames[-1].id != head:
+                    frames.append(await stream.next_event())
+        # (the turn may have stored more after `head` by the time a page was read)
+        upto = [ev for ev in read if ev.offset <= Cursor.parse(head).offset]
+        assert len(upto) == len(frames) >= 6
+        assert check_durable(frames, server.agent.id) == [ev.offset for ev in upto]
+        assert [f.data.encode() for f in frames] == [ev.raw for ev in upto]
+        assert all(ev._event is None for ev in read), "a replayed event was decoded"
+
+        read.clear()
+        assert (await client.delete(f"/agentik/conversations/{cid}")).status_code == 204
+        async with open_sse(client, f"/agentik/conversations/{cid}/events", after=start) as stream:
+            with trio.fail_after(10):
+                frames = [await stream.next_event()]
+                while frames[-1].event != "ended":
+                    frames.append(await stream.next_event())
+        assert frames[-2].event == "deleted" and frames[-1].json() == {"reason": "deleted"}
+        check_durable(frames[:-1], server.agent.id)
+        # Only the Deleted was decoded (to see that it is this conversation's).
+        decoded = [ev.type for ev in read if ev._event is not None]
+        assert decoded == ["deleted"]
+    finally:
+        reader.outbox_page = real_page  # type: ignore[method-assign]
+
+
 async def test_head_and_options_on_a_stream(client: httpx2.AsyncClient, server: Server) -> None:
     head = await client.head("/agentik/events")
     assert head.status_code == 200 and head.content == b""

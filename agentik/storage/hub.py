@@ -31,9 +31,10 @@ from agentik.errors import OutboxGapError
 from agentik.storage.engine import ReaderEngine
 from agentik.storage.queries import has_conversation_events
 from agentik.storage.writer import StoredEvent
-from agentik.wire import CommonEvent, Cursor, Deleted, OnlineEvent
+from agentik.wire import CommonEvent, Cursor, Deleted, OnlineEvent, event_type
 
 REPLAY_PAGE = 1000
+_DELETED = event_type(Deleted(conversation_id=""))
 
 
 @dataclass(eq=False)
@@ -300,6 +301,9 @@ def _up_to_deleted(
     if conversation_id is None:
         return batch, False
     for i, ev in enumerate(batch):
+        # The tag first: only a Deleted is decoded (a stored page is not decoded otherwise).
+        if ev.type != _DELETED:
+            continue
         if isinstance(ev.event.event, Deleted) and ev.event.event.conversation_id == conversation_id:
             return batch[: i + 1], True
     return batch, False

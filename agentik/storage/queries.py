@@ -18,7 +18,6 @@ from agentik.wire import (
     ConversationRecord,
     MessageRecord,
     WorkingItem,
-    decode_common_event,
     decode_message,
     decode_working_item,
 )
@@ -132,9 +131,8 @@ def outbox_page(
         conn.execute("COMMIT")
     head = next_seq - 1
     oldest = lo if lo is not None else next_seq
-    events = [
-        StoredEvent(r[0], r[1], r[2], decode_common_event(r[3]), bytes(r[3])) for r in rows
-    ]
+    # Not decoded here: StoredEvent decodes ``event`` on first use (SSE and WebSocket never do).
+    events = [StoredEvent(r[0], r[1], r[2], None, bytes(r[3])) for r in rows]
     return oldest, head, events
 
 

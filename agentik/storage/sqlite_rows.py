@@ -29,20 +29,58 @@ from agentik.wire import (
     MessageRecord,
     Touched,
     WorkingItem,
+    common_event_type,
+    decode_common_event,
     encode,
     event_type,
 )
 
 
-@dataclass(frozen=True, slots=True)
 class StoredEvent:
-    """A committed durable event with its encoded CommonEvent JSON (what SSE sends as data)."""
+    """A committed durable event with its encoded CommonEvent JSON (what SSE sends as data).
 
-    offset: int
-    conversation_id: str | None
-    kind: str  # "agent", "conversation" or "a2a"
-    event: CommonEvent
-    raw: bytes
+    ``event`` may be given as None when only ``raw`` is at hand (a page read from the outbox):
+    it is then decoded from ``raw`` on first use, so a transport that sends the stored bytes
+    (SSE, WebSocket) never decodes them; ``type`` (the event's tag, the SSE ``event:`` name) reads
+    just the tag. A replay of 100k events spent most of its time decoding events nobody looked
+    at, and collecting the garbage the decoded objects made (issue 13).
+    """
+
+    __slots__ = ("_event", "conversation_id", "kind", "offset", "raw")
+
+    def __init__(
+        self,
+        offset: int,
+        conversation_id: str | None,
+        kind: str,  # "agent", "conversation" or "a2a"
+        event: CommonEvent | None,
+        raw: bytes,
+    ) -> None:
+        self.offset = offset
+        self.conversation_id = conversation_id
+        self.kind = kind
+        self.raw = raw
+        self._event = event
+
+    @property
+    def event(self) -> CommonEvent:
+        event = self._event
+        if event is None:
+            # Two threads may both decode: they get equal values, either one is kept.
+            event = self._event = decode_common_event(self.raw)
+        return event
+
+    @property
+    def type(self) -> str:
+        """The event's ``type`` tag, without decoding the event if it is not decoded yet."""
+        event = self._event
+        if event is None:
+            return common_event_type(self.raw)
+        return event_type(event.event)
+
+    def __repr__(self) -> str:
+        return (f"StoredEvent(offset={self.offset!r}, conversation_id={self.conversation_id!r}, "
+                f"kind={self.kind!r}, raw={self.raw!r})")
 
 
 @dataclass

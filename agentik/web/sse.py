@@ -67,11 +67,11 @@ class EventStream(PumpBody):
 
 
 def durable_frames(epoch: str, batch: list[StoredEvent]) -> bytes:
-    """SSE frames of a batch of stored events; ``data`` is the stored JSON, not re-encoded."""
+    """SSE frames of a batch of stored events; ``data`` is the stored JSON, neither decoded nor
+    re-encoded (the ``event:`` name is read from it alone: :attr:`StoredEvent.type`)."""
     prefix = epoch.encode() + b":"
     return b"".join(
-        frame(ev.raw, _TAGS[type(ev.event.event)], prefix + str(ev.offset).encode())
-        for ev in batch
+        frame(ev.raw, _tag_name(ev.type), prefix + str(ev.offset).encode()) for ev in batch
     )
 
 
@@ -113,6 +113,13 @@ async def durable_pump(
 _TAGS: dict[type, bytes] = {
     cls: str(cls.__struct_config__.tag).encode() for cls in get_args(Event)
 }
+#: the same by tag (a stored event's ``type``)
+_TAG_NAMES: dict[str, bytes] = {name.decode(): name for name in _TAGS.values()}
+
+
+def _tag_name(tag: str) -> bytes:
+    name = _TAG_NAMES.get(tag)
+    return tag.encode() if name is None else name
 
 
 def live_frame(ev: CommonEvent) -> bytes:
