@@ -16,6 +16,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from agentik.errors import NotFoundError
 from agentik.wire import (
     AgentEvent,
@@ -36,31 +38,23 @@ from agentik.wire import (
 )
 
 
-class StoredEvent:
+class StoredEvent(msgspec.Struct, gc=False):
     """A committed durable event with its encoded CommonEvent JSON (what SSE sends as data).
 
     ``event`` may be given as None when only ``raw`` is at hand (a page read from the outbox):
     it is then decoded from ``raw`` on first use, so a transport that sends the stored bytes
     (SSE, WebSocket) never decodes them; ``type`` (the event's tag, the SSE ``event:`` name) reads
     just the tag. A replay of 100k events spent most of its time decoding events nobody looked
-    at, and collecting the garbage the decoded objects made (issue 13).
+    at, and collecting the garbage the decoded objects made (issue 13). A msgspec Struct (built
+    in C, ~0.1 us) and not tracked by the garbage collector (``gc=False``: it refers to its
+    event and bytes only, never to itself), since a replay makes one per event.
     """
 
-    __slots__ = ("_event", "conversation_id", "kind", "offset", "raw")
-
-    def __init__(
-        self,
-        offset: int,
-        conversation_id: str | None,
-        kind: str,  # "agent", "conversation" or "a2a"
-        event: CommonEvent | None,
-        raw: bytes,
-    ) -> None:
-        self.offset = offset
-        self.conversation_id = conversation_id
-        self.kind = kind
-        self.raw = raw
-        self._event = event
+    offset: int
+    conversation_id: str | None
+    kind: str  # "agent", "conversation" or "a2a"
+    _event: CommonEvent | None
+    raw: bytes
 
     @property
     def event(self) -> CommonEvent:
@@ -77,10 +71,6 @@ class StoredEvent:
         if event is None:
             return common_event_type(self.raw)
         return event_type(event.event)
-
-    def __repr__(self) -> str:
-        return (f"StoredEvent(offset={self.offset!r}, conversation_id={self.conversation_id!r}, "
-                f"kind={self.kind!r}, raw={self.raw!r})")
 
 
 @dataclass
