@@ -33,6 +33,7 @@ from agentik.wire import (
     WorkingItem,
     common_event_type,
     decode_common_event,
+    decode_type_only,
     encode,
     event_type,
 )
@@ -71,6 +72,16 @@ class StoredEvent(msgspec.Struct, gc=False):
         if event is None:
             return common_event_type(self.raw)
         return event_type(event.event)
+
+    @staticmethod
+    def types_of(batch: list[StoredEvent]) -> list[str]:
+        """``[ev.type for ev in batch]`` in one loop with no call per event but the tag's decode
+        (a replay names every frame from it: ~0.3 us per event less than the property)."""
+        read = decode_type_only
+        return [
+            read(ev.raw).event.type if ev._event is None else event_type(ev._event.event)
+            for ev in batch
+        ]
 
 
 @dataclass

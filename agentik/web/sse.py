@@ -34,6 +34,7 @@ from quart import Blueprint, Response, request
 from quart.wrappers.response import ResponseBody
 
 from agentik import metrics
+from agentik.agent import StoredEvent
 from agentik.errors import InvalidInputError, NotFoundError, OutboxGapError
 from agentik.sse import HEARTBEAT, OPENED, PUMP_BUFFER, SSE_TYPE, ChannelBody, Pump, PumpBody, frame
 from agentik.web._state import WebState, log, state
@@ -42,7 +43,7 @@ from agentik.web.types import EndedReason, ErrorBody, StreamEnded
 from agentik.wire import CommonEvent, Cursor, Event, encode
 
 if TYPE_CHECKING:
-    from agentik.agent import LocalAgent, OnlineSubscription, StoredEvent
+    from agentik.agent import LocalAgent, OnlineSubscription
 
 bp = Blueprint("agentik_sse", __name__)
 
@@ -68,11 +69,12 @@ class EventStream(PumpBody):
 
 def durable_frames(epoch: str, batch: list[StoredEvent]) -> bytes:
     """SSE frames of a batch of stored events; ``data`` is the stored JSON, neither decoded nor
-    re-encoded (the ``event:`` name is read from it alone: :attr:`StoredEvent.type`)."""
+    re-encoded (the ``event:`` name is read from it alone: :meth:`StoredEvent.types_of`)."""
     prefix = epoch.encode() + b":"
-    return b"".join(
-        frame(ev.raw, _tag_name(ev.type), prefix + str(ev.offset).encode()) for ev in batch
-    )
+    return b"".join([
+        frame(ev.raw, _tag_name(tag), prefix + str(ev.offset).encode())
+        for ev, tag in zip(batch, StoredEvent.types_of(batch), strict=True)
+    ])
 
 
 def gap_frame(exc: OutboxGapError) -> bytes:
