@@ -31,7 +31,6 @@ from agentik.wire import (
     MessageRecord,
     Touched,
     WorkingItem,
-    common_event_type,
     decode_common_event,
     decode_type_only,
     encode,
@@ -70,7 +69,7 @@ class StoredEvent(msgspec.Struct, gc=False):
         """The event's ``type`` tag, without decoding the event if it is not decoded yet."""
         event = self._event
         if event is None:
-            return common_event_type(self.raw)
+            return decode_type_only(self.raw).event.type
         return event_type(event.event)
 
     @staticmethod
