@@ -18,7 +18,6 @@ from typing import Any, assert_never
 import msgspec
 
 from agentik.errors import (
-    AgentikError,
     ConflictError,
     IdempotencyKeyReusedError,
     NotFoundError,
@@ -118,10 +117,6 @@ class Plan:
     idem: dict[str, tuple[str, str] | None] = field(default_factory=dict)
     #: (key, fingerprint, result id, expires_at) to insert with the batch
     idem_rows: list[tuple[str, str, str, float]] = field(default_factory=list)
-    #: ops refused before planning (lease checks): index -> error
-    refused: dict[int, AgentikError] = field(default_factory=dict)
-
-    # --- building blocks -------------------------------------------------------------------------
 
     def alloc(self) -> int:
         """The next batch-relative offset, 1..n (the stored offset is base + rel)."""
