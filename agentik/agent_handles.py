@@ -5,7 +5,7 @@ counterparts of :mod:`agentik.client.handles`), and the limits every read checks
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING
 
 from agentik.errors import InvalidInputError
@@ -95,13 +95,19 @@ class Outbox:
         return cursor
 
     def stored_batches(
-        self, after: Cursor, *, conversation_id: str | None = None, kind: str | None = None
+        self,
+        after: Cursor,
+        *,
+        conversation_id: str | None = None,
+        kind: str | None = None,
+        wake: Callable[[], None] | None = None,
     ) -> AsyncGenerator[list[StoredEvent], None]:
         """The durable events of ``events`` / ``agent_events`` (``kind="agent"``) /
         ``conversation_events`` (``conversation_id``) in the batches they are committed in, each
         event with its stored CommonEvent JSON (``raw``). Same order, errors and end; the
-        subscription is in place at the first step of the iteration (before it waits)."""
-        return self._hub.stream(after, conversation_id=conversation_id, kind=kind)
+        subscription is in place at the first step of the iteration (before it waits). With
+        ``wake``, it never waits for live events: see :meth:`EventHub.stream`."""
+        return self._hub.stream(after, conversation_id=conversation_id, kind=kind, wake=wake)
 
     async def has_events_after(self, conversation_id: str, after: Cursor) -> bool:
         """Whether events of ``conversation_id`` after ``after`` are stored (e.g. the Deleted of
@@ -117,10 +123,13 @@ class OnlineOutbox:
         """Live-only events (Working, StartResponse, AppendText, End, ...); no cursor, no replay."""
         return self._hub.online_events(conversation_id)
 
-    def subscribe(self, conversation_id: str) -> OnlineSubscription:
+    def subscribe(
+        self, conversation_id: str, wake: Callable[[], None] | None = None
+    ) -> OnlineSubscription:
         """The same events on a receive channel, subscribed when this returns (no generator and
-        no task in between: the live SSE stream reads it directly); ``close()`` it when done."""
-        return self._hub.subscribe_online(conversation_id)
+        no task in between: the live SSE stream reads it directly); ``close()`` it when done.
+        ``wake()`` is called after each event queued there and when it ends."""
+        return self._hub.subscribe_online(conversation_id, wake)
 
 
 class TaskRecords:

@@ -13,16 +13,25 @@ bodies of :mod:`agentik.web.sse` (agentik's own streams) and :mod:`agentik.a2a.w
   and closed by that task, and a client disconnect (which cancels that task) closes the nursery,
   which ends the pump and whatever subscription it holds. No generator ever yields inside a
   nursery.
+- :class:`WakeBody` waits in ONE place, woken by its source: its :meth:`WakeBody.step` takes
+  what is queued without waiting, and its source calls :meth:`WakeBody.wake` when there may be
+  more. :func:`serve_body` streams one in the ASGI app's own task, where the idle wait is the
+  wait for the client's ``http.disconnect``: an idle agentik SSE stream is one task (hypercorn's)
+  and no Quart request machinery (issue 13: memory per idle connection; see
+  :mod:`agentik.web.sse`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from quart.wrappers.response import ResponseBody
+
+if TYPE_CHECKING:
+    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 
 SSE_TYPE = "text/event-stream; charset=utf-8"
 HEARTBEAT = b": heartbeat\n\n"
@@ -155,3 +164,89 @@ class PumpBody(ChannelBody):
             await self._manager.__aexit__(exc_type, exc, tb)
         finally:
             self.closed()
+
+
+class WakeBody(ResponseBody):
+    """A streaming body whose source wakes it instead of being waited on: subclasses implement
+    ``__aenter__`` / ``__aexit__`` (subscribe with :meth:`wake` as the source's callback, then
+    unsubscribe) and :meth:`step`.
+
+    The writes: ``opened``, then whatever :meth:`step` returns, one write each; silence for
+    ``heartbeat`` seconds writes :data:`HEARTBEAT`. Iterated as a Quart body it waits for a wake
+    or the heartbeat; :func:`serve_body` also ends it when the client disconnects.
+    """
+
+    def __init__(self, heartbeat: float, *, opened: bytes = OPENED) -> None:
+        self._heartbeat = heartbeat
+        self._first = opened
+        self._deadline = 0.0
+        #: the idle wait in progress (cancelled by wake())
+        self._idle: trio.CancelScope | None = None
+
+    def wake(self) -> None:
+        """There may be something for :meth:`step` now. Synchronous; called from the source's
+        task (the hub's writer)."""
+        if self._idle is not None:
+            self._idle.cancel()
+
+    async def step(self) -> bytes:
+        """Everything already queued, as one write (``b""``: nothing; wait for :meth:`wake`).
+        Must not wait for the source. Raises StopAsyncIteration once ended."""
+        raise NotImplementedError
+
+    async def next_chunk(self, idle: Callable[[], Awaitable[object]]) -> bytes:
+        """The next write. While there is none, ``await idle()`` in a scope cancelled by a wake
+        or the heartbeat deadline (anything ``idle`` raises goes through)."""
+        if self._first:
+            # The first chunk tells the client the subscription is in place, and pushes the
+            # headers through buffering proxies.
+            chunk, self._first = self._first, b""
+            self._deadline = trio.current_time() + self._heartbeat
+            return chunk
+        while True:
+            chunk = await self.step()
+            now = trio.current_time()
+            if chunk or now >= self._deadline:
+                self._deadline = now + self._heartbeat
+                return chunk or HEARTBEAT
+            # No checkpoint since step() saw nothing queued: no wake can be missed.
+            self._idle = trio.CancelScope(deadline=self._deadline)
+            try:
+                with self._idle:
+                    await idle()
+            finally:
+                self._idle = None
+
+    def __aiter__(self) -> WakeBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self.next_chunk(trio.sleep_forever)
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def serve_body(body: WakeBody, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    """Stream ``body`` (its response start already sent) in the calling task, the ASGI app's
+    own: the idle wait is ``receive()``, so the client's ``http.disconnect`` ends the stream
+    with no task of its own. Entered and exited here; the final body message is sent when the
+    body ends by itself, none after a disconnect (as when Quart's stream is cancelled)."""
+
+    async def until_disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        raise _ClientGone
+
+    async with body:
+        try:
+            while True:
+                try:
+                    chunk = await body.next_chunk(until_disconnect)
+                except StopAsyncIteration:
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except _ClientGone:
+            return
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -15,11 +15,13 @@ import h11
 import httpx2
 import trio
 
+from agentik.sse import frame as sse_frame
 from agentik.storage.hub import EventHub
+from agentik.storage.writer import StoredEvent
 from agentik.tools.base import FunctionTools
 from agentik.web.app import WebState
 from agentik.web.sse import HEARTBEAT, OPENED, PUMP_BUFFER, EventStream, LiveStream, ended_frame, live_frame
-from agentik.wire import AppendText, CommonEvent, Cursor
+from agentik.wire import AppendText, CommonEvent, Cursor, Renamed, encode
 from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
@@ -222,29 +224,50 @@ async def test_heartbeat(tmp_path: Any, openai: ScriptedOpenAI) -> None:
     assert [f.comment for f in frames] == ["heartbeat"] * 3
 
 
-async def test_queued_batches_go_out_in_one_write() -> None:
+class EmptyOutbox:
+    """A reader whose outbox holds nothing after the cursor (a hub that is live only)."""
+
+    async def outbox_page(self, last: int, *args: Any) -> tuple[int, int, list[StoredEvent]]:
+        return 1, last, []
+
+
+def renamed(offset: int, title: str) -> StoredEvent:
+    ev = CommonEvent(
+        cursor=Cursor(epoch="e", offset=offset), conversation_id="c1",
+        event=Renamed(conversation_id="c1", title=title, updated_at=0.0),
+    )
+    return StoredEvent(offset=offset, conversation_id="c1", kind="agent", event=ev, raw=encode(ev))
+
+
+async def test_durable_stream_sends_queued_events_in_one_write_and_wakes_when_idle() -> None:
     st = WebState(config=None, llm=None, tools=None, heartbeat=60, on_fatal=lambda exc: None)
-
-    async def pump(
-        send: trio.MemorySendChannel[bytes],
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        async with send:
-            task_status.started()
-            for i in range(3):
-                await send.send(f"data: {i}\n\n".encode())
-
-    body = EventStream(st, pump, heartbeat=60)
-    chunks = []
+    hub = EventHub(epoch="e", head=0, oldest=1, reader=EmptyOutbox())  # type: ignore[arg-type]
+    body = EventStream(st, partial(hub.stream, Cursor(epoch="e", offset=0)),
+                       Cursor(epoch="e", offset=0), heartbeat=60)
     async with body:
-        assert st.open_streams == 1
-        chunks.append(await body.__anext__())
-        await trio.testing.wait_all_tasks_blocked()  # the pump queued all three and ended
-        async for chunk in body:
-            chunks.append(chunk)
-    assert st.open_streams == 0
-    assert chunks == [OPENED, b"data: 0\n\ndata: 1\n\ndata: 2\n\n"]
+        assert (st.open_streams, hub.subscriber_count) == (1, 1)  # before ": connected"
+        assert await body.__anext__() == OPENED
+        # Queued while the body was not reading: one write, every frame in order.
+        hub.publish([renamed(1, "a"), renamed(2, "b")], 1, 2)
+        hub.publish([renamed(3, "c")], 1, 3)
+        chunk = await body.__anext__()
+        assert chunk == b"".join(
+            sse_frame(renamed(i, t).raw, b"renamed", f"e:{i}".encode())
+            for i, t in ((1, "a"), (2, "b"), (3, "c"))
+        )
+        # An idle body waits in one place and the hub's publish wakes it (no pump, no channel).
+        got: list[bytes] = []
+
+        async def read() -> None:
+            got.append(await body.__anext__())
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                await trio.testing.wait_all_tasks_blocked()
+                hub.publish([renamed(4, "d")], 1, 4)
+        assert got == [sse_frame(renamed(4, "d").raw, b"renamed", b"e:4")]
+    assert (st.open_streams, hub.subscriber_count) == (0, 0)
 
 
 def bare_hub(buffer: int) -> EventHub:
@@ -524,3 +547,27 @@ async def test_resuming_a_deleted_conversations_stream_shows_its_deletion(
     assert [f.event for f in frames] == ["conversation_closing", "deleted", "ended"]
     head = (await client.get("/agentik/cursor")).json()["current"]
     assert (await client.get(path, params={"after": head})).status_code == 404
+
+
+async def test_an_idle_stream_holds_no_task_of_its_own(tmp_path: Any, openai: ScriptedOpenAI) -> None:
+    """Quart answers, then hands the stream off (agentik.web.sse): an idle stream is hypercorn's
+    two tasks for the connection (its reader and the app), nothing of Quart's or ours (issue 13:
+    memory per idle connection). It still ends, and unsubscribes, on the client's disconnect."""
+    async with serve_app(make_config(tmp_path, openai)) as srv:
+        async with httpx2.AsyncClient(base_url=srv.url, timeout=10) as http:
+            cid = await create(http)
+        await trio.testing.wait_all_tasks_blocked()
+        before = trio.lowlevel.current_statistics().tasks_living
+        paths = ["/agentik/events", f"/agentik/conversations/{cid}/events",
+                 f"/agentik/conversations/{cid}/live"]
+        streams = [await raw_sse_request(srv.url, path) for path in paths]
+        with trio.fail_after(10):
+            await srv.state.wait_open_streams(3)
+            await trio.testing.wait_all_tasks_blocked()
+        assert trio.lowlevel.current_statistics().tasks_living - before == 2 * len(paths)
+        assert (srv.hub.subscriber_count, srv.hub.online_subscribers(cid)) == (2, 1)
+        for stream, _ in streams:
+            await stream.aclose()
+        with trio.fail_after(10):
+            await srv.state.wait_open_streams(0)
+        assert (srv.hub.subscriber_count, srv.hub.online_subscribers(cid)) == (0, 0)

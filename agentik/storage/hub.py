@@ -10,6 +10,10 @@ Replay-then-live, with no gap and no duplicate, by construction:
    registered before the read began.
 4. The writer only ever ``send_nowait``s. A subscriber whose buffer is full is closed by the writer;
    its reader notices at the end of the buffer and goes back to step 2 from its last offset.
+   A reader that waits somewhere else (an idle SSE stream waits for its client's disconnect, in
+   one task: issue 13) passes ``wake``: then the live phase never waits, it yields an empty batch
+   when nothing is queued, and the writer calls ``wake()`` after handing the subscriber events
+   (or closing it), so the reader steps again.
 5. If the outbox is trimmed past a reader's position while it replays, the next page shows
    ``last < oldest - 1`` and the reader raises OutboxGapError instead of skipping silently.
 
@@ -42,6 +46,8 @@ class _Subscriber:
     conversation_id: str | None
     kind: str | None
     send: trio.MemorySendChannel[StoredEvent]
+    #: called after events were handed over or the subscriber was closed (see stream's ``wake``)
+    wake: Callable[[], None] | None = None
 
     def wants(self, ev: StoredEvent) -> bool:
         return (self.conversation_id is None or ev.conversation_id == self.conversation_id) and (
@@ -52,6 +58,8 @@ class _Subscriber:
 @dataclass(eq=False)
 class _OnlineSubscriber:
     send: trio.MemorySendChannel[CommonEvent]
+    #: called after an event was handed over or the subscriber was closed
+    wake: Callable[[], None] | None = None
 
 
 @dataclass(eq=False)
@@ -114,17 +122,23 @@ class EventHub:
         self.head = max(self.head, head)
         dead: list[_Subscriber] = []
         for sub in self._subs:
+            sent = False
             for ev in events:
                 if not sub.wants(ev):
                     continue
                 try:
                     sub.send.send_nowait(ev)
+                    sent = True
                 except (trio.WouldBlock, trio.BrokenResourceError):
                     dead.append(sub)
                     break
+            if sent and sub.wake is not None:
+                sub.wake()
         for sub in dead:
             self._subs.discard(sub)
             sub.send.close()
+            if sub.wake is not None:
+                sub.wake()
 
     def drop_live_subscribers(self) -> None:
         """Close every durable live subscriber: each goes back to replaying from the store (which
@@ -133,6 +147,8 @@ class EventHub:
         subs, self._subs = self._subs, set()
         for sub in subs:
             sub.send.close()
+            if sub.wake is not None:
+                sub.wake()
 
     @property
     def subscriber_count(self) -> int:
@@ -144,13 +160,15 @@ class EventHub:
         *,
         conversation_id: str | None = None,
         kind: str | None = None,
+        wake: Callable[[], None] | None = None,
     ) -> AsyncGenerator[list[StoredEvent], None]:
         """Batches of stored events after ``after`` (None: from the current head), replayed then
         live, each exactly once in offset order. Raises OutboxGapError for a dead cursor or one
         overtaken by eviction. With ``conversation_id``, ends after that conversation's Deleted
         (its last batch ends with it); otherwise runs until the consumer stops iterating or is
         cancelled. The subscriber is registered in the first step of the iteration, before its
-        first checkpoint.
+        first checkpoint. With ``wake``, the live phase does not wait: an empty batch means
+        nothing is queued, and ``wake()`` is called (from the writer's task) when there may be.
 
         (Over 60 lines on purpose: register, replay page by page, then live with the skip of
         replayed offsets, in one loop, so the order that makes it gap- and duplicate-free reads
@@ -166,7 +184,7 @@ class EventHub:
         last = after.offset
         while True:
             send, recv = trio.open_memory_channel[StoredEvent](self.buffer)
-            sub = _Subscriber(conversation_id, kind, send)
+            sub = _Subscriber(conversation_id, kind, send, wake)
             self._subs.add(sub)
             try:
                 # Replay what is stored after `last` (the subscriber already catches the rest).
@@ -194,7 +212,14 @@ class EventHub:
                 # Live.
                 while True:
                     try:
-                        first = await recv.receive()
+                        if wake is None:
+                            first = await recv.receive()
+                        else:
+                            try:
+                                first = recv.receive_nowait()
+                            except trio.WouldBlock:
+                                yield []  # nothing queued: stepped again after wake()
+                                continue
                     except trio.EndOfChannel:
                         break  # overflowed: replay from the store, then live again
                     batch = [first]
@@ -250,13 +275,18 @@ class EventHub:
                 # stream ends) rather than fed a stream with holes in the middle of a text.
                 subs.discard(sub)
                 sub.send.close()
+            if sub.wake is not None:
+                sub.wake()
 
-    def subscribe_online(self, conversation_id: str) -> OnlineSubscription:
+    def subscribe_online(
+        self, conversation_id: str, wake: Callable[[], None] | None = None
+    ) -> OnlineSubscription:
         """Subscribe to the live online events of one conversation, from now on (registered when
         this returns). The receive channel ends if the consumer falls more than ``buffer`` events
-        behind; :meth:`OnlineSubscription.close` unsubscribes."""
+        behind; :meth:`OnlineSubscription.close` unsubscribes. ``wake()`` (if given) is called
+        after each event handed over and when the channel is ended."""
         send, recv = trio.open_memory_channel[CommonEvent](self.buffer)
-        sub = _OnlineSubscriber(send)
+        sub = _OnlineSubscriber(send, wake)
         self._online.setdefault(conversation_id, set()).add(sub)
         self._online_change()
         return OnlineSubscription(self, conversation_id, sub, recv)

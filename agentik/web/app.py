@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 from quart import Response, g, request
@@ -22,6 +22,7 @@ from werkzeug.exceptions import HTTPException
 from agentik.a2a import runtime as a2a_web
 from agentik.config import Config
 from agentik.errors import AgentikError
+from agentik.sse import serve_body
 from agentik.web import auth, cors, lifespan, logsafe, process
 from agentik.web._state import (
     WebState,
@@ -34,6 +35,7 @@ from agentik.web._state import (
 from agentik.web.errors import error_body
 from agentik.web.http import bp as http_bp
 from agentik.web.keepalive import shield_response_end
+from agentik.web.sse import HANDOFF, Handoff
 from agentik.web.sse import bp as sse_bp
 from agentik.web.ui import bp as ui_bp
 from agentik.web.ws import bp as ws_bp
@@ -62,9 +64,17 @@ class AgentikApp(QuartTrio):
         if not trio.lowlevel.in_trio_run():
             await process.refuse_without_trio(scope, receive, send)
             return
-        if scope["type"] == "http":
-            send = shield_response_end(send)  # see agentik.web.keepalive
-        await super().__call__(scope, receive, send)
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        send = shield_response_end(send)  # see agentik.web.keepalive
+        # An SSE route hands its body off (agentik.web.sse): Quart answers, then the stream runs
+        # here, in this task, with Quart's tasks and request objects gone.
+        handoff = Handoff()
+        cast("dict[str, object]", scope)[HANDOFF] = handoff
+        await super().__call__(scope, handoff.wrap_receive(receive), handoff.wrap_send(send))
+        if handoff.body is not None and not handoff.disconnected:
+            await serve_body(handoff.body, receive, send)
 
     def log_exception(self, exception_info: Any) -> None:
         """Quart logs a failed ``before_serving`` with its traceback; a start-up failure of ours

@@ -5,11 +5,15 @@ Everything that can fail is decided before the response starts (auth, cursor syn
 validity -> 410, unknown conversation -> 404), so errors are proper JSON answers, never a broken
 stream. Then:
 
-- A *pump* task pulls from the hub and turns each batch into SSE bytes; the response body
-  (:class:`EventStream`, an :class:`agentik.sse.PumpBody`) takes every chunk already queued and
-  sends it as ONE write; the pump lives in a nursery owned by the body (see :mod:`agentik.sse`).
-  The live stream's body (:class:`LiveStream`) has no pump: it reads its online subscription
-  itself (one task hop less per token; issue 13).
+- The body (:class:`EventStream`, :class:`LiveStream`: :class:`agentik.sse.WakeBody`) reads its
+  hub subscription itself, with no pump task and no channel of its own: what is queued goes out
+  as ONE write, and the hub wakes the body when it queues more (``wake``).
+- Quart answers the request (auth, errors, headers, access log), then *hands the stream off*:
+  the response body Quart iterates is an empty placeholder, and :class:`AgentikApp` streams the
+  real body in hypercorn's task for the request once Quart's tasks and request objects are gone
+  (:class:`Handoff`, :func:`agentik.sse.serve_body`), waiting for the client's disconnect while
+  idle. An idle stream costs one task and its subscription (issue 13: ~45 -> ~2x KiB of server
+  memory per idle connection; docs/BENCHMARKS.md).
 - Silence for ``heartbeat`` seconds sends a comment, so proxies keep the connection open.
 - Durable frames: ``id: EPOCH:OFFSET`` / ``event: <type>`` / ``data: <CommonEvent JSON>``. Live
   frames have no ``id:``. A cursor overtaken by eviction mid-stream gets a final ``event: gap``
@@ -23,11 +27,10 @@ stream. Then:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Callable
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import trio
 from quart import Blueprint, Response, request
@@ -36,35 +39,90 @@ from quart.wrappers.response import ResponseBody
 from agentik import metrics
 from agentik.agent import StoredEvent
 from agentik.errors import InvalidInputError, NotFoundError, OutboxGapError
-from agentik.sse import HEARTBEAT, OPENED, PUMP_BUFFER, SSE_TYPE, ChannelBody, Pump, PumpBody, frame
+from agentik.sse import HEARTBEAT, OPENED, PUMP_BUFFER, SSE_TYPE, WakeBody, frame
 from agentik.web._state import WebState, log, state
 from agentik.web.errors import detail_of
 from agentik.web.types import EndedReason, ErrorBody, StreamEnded
 from agentik.wire import CommonEvent, Cursor, Event, encode
 
 if TYPE_CHECKING:
+    from hypercorn.typing import ASGISendCallable, ASGISendEvent
+
     from agentik.agent import LocalAgent, OnlineSubscription
 
 bp = Blueprint("agentik_sse", __name__)
 
-__all__ = ["HEARTBEAT", "OPENED", "PUMP_BUFFER", "SSE_TYPE", "EventStream", "LiveStream", "live_frame"]
+__all__ = [
+    "HEARTBEAT", "OPENED", "PUMP_BUFFER", "SSE_TYPE", "EventStream", "Handoff", "LiveStream",
+    "live_frame",
+]
+
+#: ``stored_batches`` of a durable stream, all but ``wake``
+Batches = Callable[..., AsyncGenerator[list[StoredEvent], None]]
 
 
-class EventStream(PumpBody):
-    """A durable stream's body: fed by a pump task (:class:`agentik.sse.PumpBody`). A hub
-    subscriber whose pump waits on a full buffer overflows and falls back to the stored outbox."""
+class EventStream(WakeBody):
+    """A durable stream's body: it steps the hub's stream (``batches(wake=self.wake)``, which
+    never waits for live events) itself. A reader that does not keep up (its writes block)
+    stops stepping, so its hub subscriber overflows and falls back to the stored outbox.
+    Subscribed in ``__aenter__`` (its first step, which may read a page of the outbox), before
+    the ``: connected`` chunk."""
 
-    def __init__(self, st: WebState, pump: Pump, heartbeat: float) -> None:
-        super().__init__(pump, heartbeat)
+    def __init__(self, st: WebState, batches: Batches, after: Cursor, heartbeat: float) -> None:
+        super().__init__(heartbeat)
         self._state = st
+        self._batches = batches
+        self._after = after
+        self._stream: AsyncGenerator[list[StoredEvent], None] | None = None
+        #: what the first step read, for the first step() after ": connected"
+        self._pending = b""
+        self._done = False
 
-    def opened(self) -> None:
+    async def __aenter__(self) -> EventStream:
+        self._stream = self._batches(wake=self.wake)
+        self._pending = await self._advance()
         self._state.stream_opened()
         metrics.SSE_CONNECTIONS.inc()
+        return self
 
-    def closed(self) -> None:
-        metrics.SSE_CONNECTIONS.dec()
-        self._state.stream_closed()
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._stream is not None
+        try:
+            with trio.CancelScope(shield=True):
+                await self._stream.aclose()  # unsubscribes (its finally)
+        finally:
+            metrics.SSE_CONNECTIONS.dec()
+            self._state.stream_closed()
+
+    async def step(self) -> bytes:
+        if self._pending:
+            chunk, self._pending = self._pending, b""
+            return chunk
+        if self._done:
+            raise StopAsyncIteration
+        return await self._advance()
+
+    async def _advance(self) -> bytes:
+        assert self._stream is not None
+        try:
+            batch = await self._stream.__anext__()
+        except StopAsyncIteration:
+            # A durable stream ends by itself only after its conversation's Deleted.
+            self._done = True
+            return ended_frame("deleted")
+        except OutboxGapError as exc:
+            self._done = True
+            return gap_frame(exc)
+        except Exception:
+            log.exception("event stream after %s failed", self._after)
+            self._done = True
+            return b""
+        return durable_frames(self._after.epoch, batch) if batch else b""
 
 
 def durable_frames(epoch: str, batch: list[StoredEvent]) -> bytes:
@@ -85,32 +143,6 @@ def ended_frame(reason: EndedReason) -> bytes:
     return frame(encode(StreamEnded(reason=reason)), b"ended")
 
 
-async def durable_pump(
-    agent: LocalAgent,
-    after: Cursor,
-    conversation_id: str | None,
-    send: trio.MemorySendChannel[bytes],
-    *,
-    kind: str | None = None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    async with send:
-        stream = agent.outbox.stored_batches(after, conversation_id=conversation_id, kind=kind)
-        async with aclosing(stream):
-            # The subscription is in place at the first step of the iteration, before its first
-            # checkpoint, so it is registered by the time start() returns.
-            task_status.started()
-            try:
-                async for batch in stream:
-                    await send.send(durable_frames(after.epoch, batch))
-                # A durable stream ends by itself only after its conversation's Deleted.
-                await send.send(ended_frame("deleted"))
-            except OutboxGapError as exc:
-                await send.send(gap_frame(exc))
-            except Exception:
-                log.exception("event stream after %s failed", after)
-
-
 #: event class -> its ``event:`` name as bytes, built once (no per-frame tag lookup and encode)
 _TAGS: dict[type, bytes] = {
     cls: str(cls.__struct_config__.tag).encode() for cls in get_args(Event)
@@ -128,13 +160,13 @@ def live_frame(ev: CommonEvent) -> bytes:
     return frame(encode(ev), _TAGS[type(ev.event)])
 
 
-class LiveStream(ChannelBody):
+class LiveStream(WakeBody):
     """The live stream's body: it reads its online subscription itself, with no pump task or
-    second channel in between (one task hop less per token than :class:`EventStream`). Every
-    event already queued goes out in one write, each in its own frame, in order; none is waited
-    for. Subscribed in ``__aenter__``, before the ``: connected`` chunk; unsubscribed in
-    ``__aexit__``. The subscription ends only when its reader fell too far behind: then a last
-    ``event: ended`` frame (reason ``overflow``) and the response ends.
+    second channel in between. Every event already queued goes out in one write, each in its
+    own frame, in order; none is waited for. Subscribed in ``__aenter__``, before the
+    ``: connected`` chunk; unsubscribed in ``__aexit__``. The subscription ends only when its
+    reader fell too far behind: then a last ``event: ended`` frame (reason ``overflow``) and the
+    response ends.
     """
 
     last = ended_frame("overflow")
@@ -142,19 +174,35 @@ class LiveStream(ChannelBody):
     def __init__(
         self,
         st: WebState,
-        subscribe: Callable[[str], OnlineSubscription],
+        subscribe: Callable[[str, Callable[[], None]], OnlineSubscription],
         conversation_id: str,
         heartbeat: float,
     ) -> None:
-        super().__init__(heartbeat, live_frame)
+        super().__init__(heartbeat)
         self._state = st
         self._subscribe = subscribe
         self._conversation_id = conversation_id
         self._sub: OnlineSubscription | None = None
+        self._ended = False
+
+    async def step(self) -> bytes:
+        if self._ended:
+            raise StopAsyncIteration
+        assert self._sub is not None
+        recv = self._sub.receive
+        parts: list[bytes] = []
+        try:
+            while True:
+                parts.append(live_frame(recv.receive_nowait()))
+        except trio.WouldBlock:
+            pass
+        except trio.EndOfChannel:
+            self._ended = True
+            parts.append(self.last)
+        return b"".join(parts)
 
     async def __aenter__(self) -> LiveStream:
-        self._sub = self._subscribe(self._conversation_id)
-        self._recv = self._sub.receive
+        self._sub = self._subscribe(self._conversation_id, self.wake)
         self._state.stream_opened()
         metrics.SSE_CONNECTIONS.inc()
         return self
@@ -179,17 +227,79 @@ def start_cursor(agent: LocalAgent) -> Cursor:
     return agent.outbox.resumable(Cursor.parse(raw.strip()) if raw else None)
 
 
-def stream_response(st: WebState, body: Pump | ResponseBody, after: Cursor | None) -> Response:
+#: the ASGI scope key of the request's :class:`Handoff` (set by AgentikApp for HTTP requests)
+HANDOFF = "agentik.handoff"
+
+
+class Handoff:
+    """One HTTP request's hand-off of its SSE body from Quart to the app (module docstring).
+
+    :meth:`wrap_send` is the ``send`` Quart gets: once the placeholder body was entered (Quart
+    has sent *this* response's start), the body message that would end the response is held
+    back, and :attr:`body` is what the app streams after Quart returns. :meth:`wrap_receive`
+    notes a disconnect Quart read first (then there is nothing to stream)."""
+
+    __slots__ = ("body", "disconnected")
+
+    def __init__(self) -> None:
+        self.body: WakeBody | None = None
+        self.disconnected = False
+
+    def wrap_send(self, send: ASGISendCallable) -> ASGISendCallable:
+        async def send_unless_handed_off(message: ASGISendEvent) -> None:
+            if (
+                self.body is not None
+                and message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+            ):
+                return  # the app ends the response after the stream
+            await send(message)
+
+        return send_unless_handed_off
+
+    def wrap_receive(self, receive: Any) -> Any:
+        async def receive_noting_disconnect() -> Any:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+            return message
+
+        return receive_noting_disconnect
+
+
+class _Placeholder(ResponseBody):
+    """What Quart iterates instead of a handed-off body: nothing (and no length, so the
+    response stays chunked). Entering it hands the body over."""
+
+    def __init__(self, handoff: Handoff, body: WakeBody) -> None:
+        self._handoff = handoff
+        self._body: WakeBody | None = body
+
+    async def __aenter__(self) -> _Placeholder:
+        self._handoff.body, self._body = self._body, None
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+    def __aiter__(self) -> _Placeholder:
+        return self
+
+    async def __anext__(self) -> bytes:
+        raise StopAsyncIteration
+
+
+def stream_response(st: WebState, body: WakeBody, after: Cursor | None) -> Response:
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if after is not None:
         headers["X-Agentik-Cursor"] = str(after)
     if request.method == "HEAD":
         # The headers only: a stream whose body is never sent would hold the connection.
         return Response(b"", status=200, headers=headers, content_type=SSE_TYPE)
-    if not isinstance(body, ResponseBody):
-        body = EventStream(st, body, st.heartbeat)
+    handoff = request.scope.get(HANDOFF)
     response = Response(
-        body, status=200, headers=headers,
+        _Placeholder(handoff, body) if isinstance(handoff, Handoff) else body,
+        status=200, headers=headers,
         content_type=SSE_TYPE,
     )
     response.timeout = None  # Quart's RESPONSE_TIMEOUT would cut the stream
@@ -223,7 +333,8 @@ async def events() -> Response:
     agent = st.require_agent()
     kind = kind_param(request.args.get("kind"))
     after = start_cursor(agent)
-    return stream_response(st, partial(durable_pump, agent, after, None, kind=kind), after)
+    batches = partial(agent.outbox.stored_batches, after, kind=kind)
+    return stream_response(st, EventStream(st, batches, after, st.heartbeat), after)
 
 
 @bp.get("/agentik/conversations/<conversation_id>/events")
@@ -239,7 +350,8 @@ async def conversation_events(conversation_id: str) -> Response:
         resuming and await agent.outbox.has_events_after(conversation_id, after)
     ):
         raise NotFoundError(f"conversation {conversation_id!r} not found")
-    return stream_response(st, partial(durable_pump, agent, after, conversation_id), after)
+    batches = partial(agent.outbox.stored_batches, after, conversation_id=conversation_id)
+    return stream_response(st, EventStream(st, batches, after, st.heartbeat), after)
 
 
 @bp.get("/agentik/conversations/<conversation_id>/live")
