@@ -228,6 +228,12 @@ class _ClientGone(Exception):
     pass
 
 
+#: seconds a stream may write without an idle wait before it checks for its client's disconnect
+#: (no task waits for it while the stream writes: a client gone in the middle of a long replay
+#: is noticed within this, not after the replay)
+BUSY_CHECK = 1.0
+
+
 async def serve_body(body: WakeBody, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
     """Stream ``body`` (its response start already sent) in the calling task, the ASGI app's
     own: the idle wait is ``receive()``, so the client's ``http.disconnect`` ends the stream
@@ -241,12 +247,18 @@ async def serve_body(body: WakeBody, receive: ASGIReceiveCallable, send: ASGISen
 
     async with body:
         try:
+            check_at = trio.current_time() + BUSY_CHECK
             while True:
                 try:
                     chunk = await body.next_chunk(until_disconnect)
                 except StopAsyncIteration:
                     break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                now = trio.current_time()
+                if now >= check_at:
+                    check_at = now + BUSY_CHECK
+                    with trio.move_on_after(0.001):  # a disconnect already queued, or nothing
+                        await until_disconnect()
         except _ClientGone:
             return
     await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -15,6 +15,7 @@ import h11
 import httpx2
 import trio
 
+from agentik.sse import BUSY_CHECK, WakeBody, serve_body
 from agentik.sse import frame as sse_frame
 from agentik.storage.hub import EventHub
 from agentik.storage.writer import StoredEvent
@@ -571,3 +572,35 @@ async def test_an_idle_stream_holds_no_task_of_its_own(tmp_path: Any, openai: Sc
         with trio.fail_after(10):
             await srv.state.wait_open_streams(0)
         assert (srv.hub.subscriber_count, srv.hub.online_subscribers(cid)) == (0, 0)
+
+
+async def test_a_stream_that_never_idles_still_ends_on_disconnect(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No task waits for the disconnect while a handed-off stream writes (agentik.sse.serve_body):
+    a client gone in the middle of a long replay is noticed within BUSY_CHECK, not at its end."""
+    exited = []
+
+    class Busy(WakeBody):
+        async def step(self) -> bytes:
+            return b"data: x\n\n"  # always more, never idle
+
+        async def __aenter__(self) -> Busy:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            exited.append(True)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}  # the client is already gone
+
+    writes = []
+
+    async def send(message: Any) -> None:
+        writes.append(message)
+        await trio.sleep(0.01)  # a write takes time
+
+    with trio.fail_after(10 * BUSY_CHECK):
+        await serve_body(Busy(heartbeat=60), receive, send)
+    assert exited == [True]
+    assert all(m.get("more_body") for m in writes)  # not ended as if the stream had finished
