@@ -217,11 +217,32 @@ class WakeBody(ResponseBody):
             finally:
                 self._idle = None
 
+    async def catch_up(self, write: Callable[[bytes], Awaitable[bool]]) -> bool:
+        """Called by :func:`serve_body` after the first write: write what the body has to catch
+        up on its own way before the step loop (default: nothing). ``write`` returns False
+        once the client is gone; so must this then."""
+        return True
+
     def __aiter__(self) -> WakeBody:
         return self
 
     async def __anext__(self) -> bytes:
         return await self.next_chunk(trio.sleep_forever)
+
+
+async def drain(recv: trio.MemoryReceiveChannel[bytes], write: Callable[[bytes], Awaitable[bool]]) -> bool:
+    """Write what ``recv`` brings until it ends, every chunk already queued in ONE write;
+    False as soon as ``write`` says the client is gone."""
+    async for chunk in recv:
+        parts = [chunk]
+        while True:
+            try:
+                parts.append(recv.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        if not await write(b"".join(parts)):
+            return False
+    return True
 
 
 class _ClientGone(Exception):
@@ -245,20 +266,34 @@ async def serve_body(body: WakeBody, receive: ASGIReceiveCallable, send: ASGISen
             pass
         raise _ClientGone
 
+    check_at = trio.current_time() + BUSY_CHECK
+
+    async def write(chunk: bytes) -> bool:
+        nonlocal check_at
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        now = trio.current_time()
+        if now >= check_at:
+            check_at = now + BUSY_CHECK
+            try:
+                with trio.move_on_after(0.001):  # a disconnect already queued, or nothing
+                    await until_disconnect()
+            except _ClientGone:
+                return False
+        return True
+
     async with body:
         try:
-            check_at = trio.current_time() + BUSY_CHECK
+            if not await write(await body.next_chunk(until_disconnect)):
+                return
+            if not await body.catch_up(write):
+                return
             while True:
                 try:
                     chunk = await body.next_chunk(until_disconnect)
                 except StopAsyncIteration:
                     break
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                now = trio.current_time()
-                if now >= check_at:
-                    check_at = now + BUSY_CHECK
-                    with trio.move_on_after(0.001):  # a disconnect already queued, or nothing
-                        await until_disconnect()
+                if not await write(chunk):
+                    return
         except _ClientGone:
             return
     await send({"type": "http.response.body", "body": b"", "more_body": False})

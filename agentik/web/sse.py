@@ -12,8 +12,8 @@ stream. Then:
   the response body Quart iterates is an empty placeholder, and :class:`AgentikApp` streams the
   real body in hypercorn's task for the request once Quart's tasks and request objects are gone
   (:class:`Handoff`, :func:`agentik.sse.serve_body`), waiting for the client's disconnect while
-  idle. An idle stream costs one task and its subscription (issue 13: ~45 -> ~2x KiB of server
-  memory per idle connection; docs/BENCHMARKS.md).
+  idle. An idle stream costs one task and its subscription (issue 13: about 45 -> 27 KiB of
+  server memory per idle connection; docs/BENCHMARKS.md).
 - Silence for ``heartbeat`` seconds sends a comment, so proxies keep the connection open.
 - Durable frames: ``id: EPOCH:OFFSET`` / ``event: <type>`` / ``data: <CommonEvent JSON>``. Live
   frames have no ``id:``. A cursor overtaken by eviction mid-stream gets a final ``event: gap``
@@ -27,10 +27,10 @@ stream. Then:
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, get_args
 
 import trio
 from quart import Blueprint, Response, request
@@ -39,14 +39,19 @@ from quart.wrappers.response import ResponseBody
 from agentik import metrics
 from agentik.agent import StoredEvent
 from agentik.errors import InvalidInputError, NotFoundError, OutboxGapError
-from agentik.sse import HEARTBEAT, OPENED, PUMP_BUFFER, SSE_TYPE, WakeBody, frame
+from agentik.sse import HEARTBEAT, OPENED, PUMP_BUFFER, SSE_TYPE, WakeBody, drain, frame
 from agentik.web._state import WebState, log, state
 from agentik.web.errors import detail_of
 from agentik.web.types import EndedReason, ErrorBody, StreamEnded
 from agentik.wire import CommonEvent, Cursor, Event, encode
 
 if TYPE_CHECKING:
-    from hypercorn.typing import ASGISendCallable, ASGISendEvent
+    from hypercorn.typing import (
+        ASGIReceiveCallable,
+        ASGIReceiveEvent,
+        ASGISendCallable,
+        ASGISendEvent,
+    )
 
     from agentik.agent import LocalAgent, OnlineSubscription
 
@@ -106,6 +111,30 @@ class EventStream(WakeBody):
         if self._done:
             raise StopAsyncIteration
         return await self._advance()
+
+    async def catch_up(self, write: Callable[[bytes], Awaitable[bool]]) -> bool:
+        """A backlog (the first step read events) is replayed by a pump task, so the next page
+        is read while the last one is written (as every durable stream did before issue 13's
+        hand-off); the pump, its channel and its nursery are gone once the stream is live and
+        idle. A stream that starts at the head has none of them."""
+        if not self._pending:
+            return True
+        send, recv = trio.open_memory_channel[bytes](PUMP_BUFFER)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump, send)
+            if not await drain(recv, write):
+                nursery.cancel_scope.cancel()
+                return False
+        return True
+
+    async def _pump(self, send: trio.MemorySendChannel[bytes]) -> None:
+        async with send:
+            chunk, self._pending = self._pending, b""
+            while chunk:
+                await send.send(chunk)
+                if self._done:
+                    return
+                chunk = await self._advance()  # b"": nothing queued (live and idle), or failed
 
     async def _advance(self) -> bytes:
         assert self._stream is not None
@@ -257,8 +286,8 @@ class Handoff:
 
         return send_unless_handed_off
 
-    def wrap_receive(self, receive: Any) -> Any:
-        async def receive_noting_disconnect() -> Any:
+    def wrap_receive(self, receive: ASGIReceiveCallable) -> ASGIReceiveCallable:
+        async def receive_noting_disconnect() -> ASGIReceiveEvent:
             message = await receive()
             if message["type"] == "http.disconnect":
                 self.disconnected = True
