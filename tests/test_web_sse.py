@@ -237,7 +237,7 @@ def renamed(offset: int, title: str) -> StoredEvent:
         cursor=Cursor(epoch="e", offset=offset), conversation_id="c1",
         event=Renamed(conversation_id="c1", title=title, updated_at=0.0),
     )
-    return StoredEvent(offset=offset, conversation_id="c1", kind="agent", event=ev, raw=encode(ev))
+    return StoredEvent(offset=offset, conversation_id="c1", kind="agent", _event=ev, raw=encode(ev))
 
 
 async def test_durable_stream_sends_queued_events_in_one_write_and_wakes_when_idle() -> None:
