@@ -63,7 +63,7 @@ def _create(conn: sqlite3.Connection, tx: Tx, op: ops.CreateConversation) -> Con
     )
     append_memory(conn, tx, op.conversation_id, SystemItem(text=op.system_prompt), None)
     created = read_record(conn, op.conversation_id)
-    emit(conn, tx, seq, op.conversation_id, Created(conversation=created), kind="agent")
+    emit(tx, seq, op.conversation_id, Created(conversation=created), kind="agent")
     return created
 
 
@@ -84,7 +84,7 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
     if cur.rowcount == 0:
         raise not_found(op.conversation_id)
     tx.seqs[op.conversation_id] = 0  # its row has its latest seq
-    emit(conn, tx, seq, op.conversation_id,
+    emit(tx, seq, op.conversation_id,
           Renamed(conversation_id=op.conversation_id, title=op.title, updated_at=tx.now),
           kind="agent")
     return read_record(conn, op.conversation_id)
@@ -98,7 +98,7 @@ def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) ->
     )
     if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
         append_memory(conn, tx, op.conversation_id, op.start, op.message_id)
-    emit(conn, tx, record.seq, op.conversation_id, UserMessageEvent(record=record),
+    emit(tx, record.seq, op.conversation_id, UserMessageEvent(record=record),
           kind="conversation")
     return record
 
@@ -113,7 +113,7 @@ def _tool_calls(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolCalls) -> li
     records = []
     for message_id, call in op.calls:
         record = journal(conn, tx, op.conversation_id, message_id, call)
-        emit(conn, tx, record.seq, op.conversation_id, ToolCallEvent(record=record),
+        emit(tx, record.seq, op.conversation_id, ToolCallEvent(record=record),
               kind="conversation")
         records.append(record)
     if not op.calls:
@@ -127,7 +127,7 @@ def _tool_result(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolResult) -> 
     event: DurableEvent = (
         ToolFailed(record=record) if op.result.is_error else ToolResultEvent(record=record)
     )
-    emit(conn, tx, record.seq, op.conversation_id, event, kind="conversation")
+    emit(tx, record.seq, op.conversation_id, event, kind="conversation")
     append_memory(conn, tx, op.conversation_id, op.item, op.message_id)
     return record
 
@@ -137,7 +137,7 @@ def _finish_turn(conn: sqlite3.Connection, tx: Tx, op: ops.FinishTurn) -> list[M
     if op.assistant is not None:
         message_id, answer = op.assistant
         record = journal(conn, tx, op.conversation_id, message_id, answer)
-        emit(conn, tx, record.seq, op.conversation_id,
+        emit(tx, record.seq, op.conversation_id,
               AssistantMessageEvent(record=record), kind="conversation")
         if op.item is not None:
             append_memory(conn, tx, op.conversation_id, op.item, message_id)
@@ -145,12 +145,12 @@ def _finish_turn(conn: sqlite3.Connection, tx: Tx, op: ops.FinishTurn) -> list[M
     if op.interrupted:
         seq = alloc(tx)
         bump(conn, tx, op.conversation_id, seq)
-        emit(conn, tx, seq, op.conversation_id, Interrupted(turn_id=op.turn_id),
+        emit(tx, seq, op.conversation_id, Interrupted(turn_id=op.turn_id),
               kind="conversation")
     if op.error is not None:
         message_id, error = op.error
         record = journal(conn, tx, op.conversation_id, message_id, error)
-        emit(conn, tx, record.seq, op.conversation_id, ErrorEvent(record=record),
+        emit(tx, record.seq, op.conversation_id, ErrorEvent(record=record),
               kind="conversation")
         out.append(record)
     if op.forget_from is not None:
@@ -183,7 +183,7 @@ def _compact(conn: sqlite3.Connection, tx: Tx, op: ops.Compact) -> None:
     seq = alloc(tx)
     bump(conn, tx, op.conversation_id, seq)
     summary_text = getattr(op.summary, "text", None)
-    emit(conn, tx, seq, op.conversation_id,
+    emit(tx, seq, op.conversation_id,
           CompactionTriggered(dropped_items=op.dropped, summary=summary_text),
           kind="conversation")
 
@@ -198,7 +198,7 @@ def _recover_turns(conn: sqlite3.Connection, tx: Tx, op: ops.RecoverTurns) -> in
     for turn_id, conversation_id in rows:
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
         record = journal(conn, tx, conversation_id, new_id(), error)
-        emit(conn, tx, record.seq, conversation_id, ErrorEvent(record=record),
+        emit(tx, record.seq, conversation_id, ErrorEvent(record=record),
               kind="conversation")
         touch(conn, tx, conversation_id)
     if op.conversation_id is None:
@@ -301,5 +301,5 @@ def _put_a2a_task(conn: sqlite3.Connection, tx: Tx, op: ops.PutA2ATask) -> int:
         )
     event = TaskUpdated(task_id=op.task_id, context_id=op.context_id, state=op.state,
                         update=msgspec.Raw(op.update))
-    emit(conn, tx, seq, op.conversation_id, event, kind="a2a")
+    emit(tx, seq, op.conversation_id, event, kind="a2a")
     return seq

@@ -98,14 +98,10 @@ class Tx:
 
 
 def emit(
-    conn: sqlite3.Connection,
-    tx: Tx,
-    seq: int,
-    conversation_id: str | None,
-    event: DurableEvent | AgentEvent,
-    *,
-    kind: str,
+    tx: Tx, seq: int, conversation_id: str | None, event: DurableEvent | AgentEvent, *, kind: str
 ) -> None:
+    """The event at ``seq``, kept in ``tx.events``: its outbox row is written with the batch's
+    (``write_outbox``)."""
     common = CommonEvent(
         cursor=Cursor(epoch=tx.epoch, offset=seq), conversation_id=conversation_id, event=event
     )
@@ -200,19 +196,19 @@ def append_memory(
 def touch(conn: sqlite3.Connection, tx: Tx, conversation_id: str) -> None:
     seq = alloc(tx)
     bump(conn, tx, conversation_id, seq, tx.now)
-    emit(conn, tx, seq, conversation_id,
+    emit(tx, seq, conversation_id,
           Touched(conversation_id=conversation_id, updated_at=tx.now), kind="agent")
 
 
 def delete_conversation(conn: sqlite3.Connection, tx: Tx, conversation_id: str, reason: str) -> None:
     seq = alloc(tx)
-    emit(conn, tx, seq, conversation_id, ConversationClosing(reason=reason), kind="conversation")
+    emit(tx, seq, conversation_id, ConversationClosing(reason=reason), kind="conversation")
     for table in ("message", "working_memory", "turn", "a2a_task"):  # its A2A tasks go too
         conn.execute(f"DELETE FROM {table} WHERE conversation_id=?", (conversation_id,))
     conn.execute("DELETE FROM conversation WHERE id=?", (conversation_id,))
     tx.seqs.pop(conversation_id, None)
     seq = alloc(tx)
-    emit(conn, tx, seq, conversation_id, Deleted(conversation_id=conversation_id), kind="agent")
+    emit(tx, seq, conversation_id, Deleted(conversation_id=conversation_id), kind="agent")
 
 
 def read_record(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecord:

@@ -66,6 +66,17 @@ __all__ = [
 Batches = Callable[..., AsyncGenerator[list[StoredEvent], None]]
 
 
+def _opened(st: WebState) -> None:
+    """An SSE body is open: the app's open-stream count (graceful shutdown) and the gauge."""
+    st.stream_opened()
+    metrics.SSE_CONNECTIONS.inc()
+
+
+def _closed(st: WebState) -> None:
+    metrics.SSE_CONNECTIONS.dec()
+    st.stream_closed()
+
+
 class EventStream(WakeBody):
     """A durable stream's body: it steps the hub's stream (``batches(wake=self.wake)``, which
     never waits for live events) itself. A reader that does not keep up (its writes block)
@@ -86,8 +97,7 @@ class EventStream(WakeBody):
     async def __aenter__(self) -> EventStream:
         self._stream = self._batches(wake=self.wake)
         self._pending = await self._advance()
-        self._state.stream_opened()
-        metrics.SSE_CONNECTIONS.inc()
+        _opened(self._state)
         return self
 
     async def __aexit__(
@@ -101,8 +111,7 @@ class EventStream(WakeBody):
             with trio.CancelScope(shield=True):
                 await self._stream.aclose()  # unsubscribes (its finally)
         finally:
-            metrics.SSE_CONNECTIONS.dec()
-            self._state.stream_closed()
+            _closed(self._state)
 
     async def step(self) -> bytes:
         if self._pending:
@@ -232,8 +241,7 @@ class LiveStream(WakeBody):
 
     async def __aenter__(self) -> LiveStream:
         self._sub = self._subscribe(self._conversation_id, self.wake)
-        self._state.stream_opened()
-        metrics.SSE_CONNECTIONS.inc()
+        _opened(self._state)
         return self
 
     async def __aexit__(
@@ -244,8 +252,7 @@ class LiveStream(WakeBody):
     ) -> None:
         assert self._sub is not None
         self._sub.close()
-        metrics.SSE_CONNECTIONS.dec()
-        self._state.stream_closed()
+        _closed(self._state)
 
 
 def start_cursor(agent: LocalAgent) -> Cursor:
