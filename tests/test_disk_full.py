@@ -31,7 +31,7 @@ from agentik.actors import turn as logic
 from agentik.errors import NotFoundError, StorageError, StorageUnavailableError
 from agentik.llm.base import TextDelta, ToolCallDelta
 from agentik.storage import ops
-from agentik.storage.actor import _next_batch, _Request
+from agentik.storage.actor import probe_while_refused
 from agentik.storage.health import Backoff, StorageHealth, retry_until_stored
 from agentik.tools.base import ToolOutcome
 from agentik.wire import AssistantItem, Text
@@ -126,35 +126,43 @@ async def test_retry_ends_on_cancel_and_on_errors_that_retrying_cannot_fix(
 async def test_the_idle_writer_probes_with_backoff_until_writes_are_accepted(
     clock: trio.testing.MockClock, allow_error_logs: None
 ) -> None:
-    """With no request queued, a writer whose store refuses writes probes it at the backoff's
-    delays, stops probing once a probe succeeds, and serves a request at once meanwhile."""
+    """With no write coming, a store that refuses writes is probed at the backoff's delays; a
+    write arriving meanwhile starts the backoff over; probing stops once a probe succeeds, and
+    starts again at the next refusal."""
     health = StorageHealth()
     health.refused("database or disk is full")
-    send, recv = trio.open_memory_channel[_Request](10)
     probes: list[float] = []
+    writes = trio.Event()
     start = trio.current_time()
+
+    async def activity() -> None:
+        nonlocal writes
+        writes = trio.Event()
+        await writes.wait()
 
     async def probe() -> None:
         probes.append(round(trio.current_time() - start, 6))
-        if trio.current_time() - start >= 3.0:
+        if 3.0 <= trio.current_time() - start < 19.0 or trio.current_time() - start > 19.7:
             health.accepted()
         else:
             health.refused("database or disk is full")
 
-    async def request_at(t: float) -> None:
-        await trio.sleep(t)
-        await send.send(_Request(OP))
+    async def write_at(t: float) -> None:
+        await trio.sleep_until(start + t)
+        writes.set()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(request_at, 0.5)
-        batch = await _next_batch(recv, 8, health, probe)
-        assert len(batch) == 1 and trio.current_time() - start == 0.5  # not held for a probe
-        assert probes == [0.05, 0.15, 0.35]
-        nursery.start_soon(request_at, 20.0)
-        batch = await _next_batch(recv, 8, health, probe)
-    # 0.5 + 0.05, 0.1, 0.2, 0.4, 0.8, 1.0: the probe at 3.05 succeeds; none after it
-    assert probes[3:] == [0.55, 0.65, 0.85, 1.25, 2.05, 3.05]
-    assert health.writable and trio.current_time() - start == 20.5
+        nursery.start_soon(probe_while_refused, health, activity, probe)
+        await write_at(0.5)
+        await trio.sleep_until(start + 19.0)
+        assert health.writable
+        # 0.05, 0.1, 0.2 from the start; the write at 0.5 starts over: 0.05, 0.1, 0.2, 0.4,
+        # 0.8, 1.0; the probe at 3.05 succeeds and none follow while writes are accepted
+        assert probes == [0.05, 0.15, 0.35, 0.55, 0.65, 0.85, 1.25, 2.05, 3.05]
+        health.refused("database or disk is full")  # at 19.0: a write was refused again
+        await trio.sleep_until(start + 20.0)
+        assert probes[9:] == [19.05, 19.15, 19.35, 19.75] and health.writable
+        nursery.cancel_scope.cancel()
 
 
 # --- a turn cut while the store refused one of its writes (pure turn logic) ----------------------

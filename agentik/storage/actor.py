@@ -1,10 +1,11 @@
 """StorageActor: the node's only writer (SQLite or PostgreSQL, behind ``engine.WriterEngine``).
 
-Callers ``await storage.write(op)``; the request goes on a bounded channel with a one-shot reply.
-The actor takes one request, then every request already queued (up to ``max_batch``), and commits
-them all in ONE transaction in a worker thread: group commit, one fsync per batch, so batches grow
-by themselves under load. Only after the commit does it publish the batch's events to the hub (in
-offset order) and then answer each caller, so:
+Callers ``await storage.write(op)``; the request is queued (at most ``queue_size + max_batch``
+admitted at a time: a write past that waits for room) with a one-shot reply. The writer thread
+(``committer``) takes one request, then every request already queued (up to ``max_batch``), and
+commits them all in ONE transaction: group commit, one fsync per batch, so batches grow by
+themselves under load. Only after the commit does the actor publish the batch's events to the
+hub (in offset order) and then answer each caller, so:
 
 - nothing is acknowledged that is not committed (a failed commit answers every caller of the batch
   with StorageError);
@@ -23,8 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -38,7 +38,8 @@ from agentik.errors import (
     StorageUnavailableError,
 )
 from agentik.storage import ops
-from agentik.storage.engine import ReaderEngine, WriterEngine, is_transient, probe_write
+from agentik.storage.committer import PROBE, Committer, Done, Outcome, Request
+from agentik.storage.engine import ReaderEngine, WriterEngine, is_transient
 from agentik.storage.health import RETRY, Backoff, StorageHealth, retry_until_stored
 from agentik.storage.hub import EventHub
 from agentik.storage.queries import Reader
@@ -47,29 +48,20 @@ from agentik.storage.writer import Writer
 log = logging.getLogger(__name__)
 
 
-@dataclass(eq=False)
-class _Request:
-    op: ops.AnyOp
-    done: trio.Event = field(default_factory=trio.Event)
-    result: Any = None
-    error: BaseException | None = None
-
-
 @dataclass
 class StorageStats:
     batches: int = 0
     ops: int = 0
     largest_batch: int = 0
+    #: batches planned while the one before ran (PostgreSQL: ``committer._run_pipelined``)
+    followed: int = 0
 
 
 class Storage:
     """Handle to the running StorageActor: ``write`` for the writer, ``reader`` and ``hub`` for
     reads. Made by :func:`run_storage`: ``storage = await nursery.start(run_storage, path)``."""
 
-    def __init__(
-        self, send: trio.MemorySendChannel[_Request], reader: ReaderEngine, hub: EventHub
-    ) -> None:
-        self._send = send
+    def __init__(self, reader: ReaderEngine, hub: EventHub, capacity: int) -> None:
         self.reader = reader
         self.hub = hub
         self.stats = StorageStats()
@@ -80,6 +72,17 @@ class Storage:
         self.leases: Any = None
         #: PostgreSQL: the online-event relay to the other nodes (``pg_online.OnlineRelay``)
         self.online: Any = None
+        self._committer: Committer | None = None
+        self._closed = False
+        #: requests admitted and not yet answered may not exceed ``capacity`` (the bounded
+        #: mailbox: a write past it waits for room)
+        self._room = capacity
+        self._roomy = trio.lowlevel.ParkingLot()
+        #: requests not yet handed to the writer thread, and set when the first is added
+        self._pending: list[Request] = []
+        self._queued = trio.Event()
+        #: set by a write while the store refuses writes: the prober's backoff starts over
+        self._activity = trio.Event()
 
     @property
     def epoch(self) -> str:
@@ -92,21 +95,51 @@ class Storage:
         the transaction failed (nothing stored), RuntimeClosedError if storage is shut down. If the
         caller is cancelled after the request was queued, the write still happens.
         """
-        req = _Request(op)
         await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            # Not ``send`` while there is room: its extra schedule point after queueing is one
-            # more task switch per write for nothing (the wait below parks the task anyway).
-            try:
-                self._send.send_nowait(req)
-            except trio.WouldBlock:
-                await self._send.send(req)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise RuntimeClosedError("storage is closed") from None
-        await req.done.wait()
+        # No schedule point while there is room: one more task switch per write for nothing
+        # (the wait below parks the task anyway).
+        while self._room <= 0 and not self._closed:
+            await self._roomy.park()
+        if self._closed or self._committer is None:
+            raise RuntimeClosedError("storage is closed")
+        self._room -= 1
+        req = Request(op)
+        self._pending.append(req)
+        if len(self._pending) == 1:
+            self._queued.set()
+        if not self.health.writable:
+            self._activity.set()
+        await req.wait()
         if req.error is not None:
             raise req.error
         return req.result
+
+    def _answered(self, n: int) -> None:
+        self._room += n
+        self._roomy.unpark(count=n)
+
+    def _close(self) -> None:
+        self._closed = True
+        self._roomy.unpark_all()
+
+    async def _hand_over(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                         ) -> None:
+        """Hand the queued requests to the writer thread, all together, once per scheduling
+        round: woken by the first write of a round, this task runs in the next one, after every
+        writer made runnable with it (say, the callers of the last batch, answered together)
+        has queued its request. So a batch is as large as the load, as when the actor gathered
+        it, and the thread's queue sees one put per round instead of one per write."""
+        assert self._committer is not None
+        task_status.started()
+        while True:
+            await self._queued.wait()
+            self._queued = trio.Event()
+            reqs, self._pending = self._pending, []
+            self._committer.submit(reqs)
+
+    async def _activity_wait(self) -> None:
+        self._activity = trio.Event()
+        await self._activity.wait()
 
     async def write_until_stored(self, op: ops.AnyOp, *, backoff: Backoff = RETRY) -> Any:
         """:meth:`write`, retried while the store refuses writes (StorageUnavailableError: disk
@@ -154,29 +187,53 @@ async def run_storage(
         epoch=writer.epoch, head=writer.next_seq - 1, oldest=writer.oldest, reader=reader,
         buffer=subscriber_buffer,
     )
-    send, recv = trio.open_memory_channel[_Request](queue_size)
-    storage = Storage(send, reader, hub)
+    capacity = queue_size + max_batch
+    storage = Storage(reader, hub, capacity)
+    # +1: the one probe in flight (committer's docstring: this channel is never full)
+    post, outcomes = trio.open_memory_channel[Outcome | Done](capacity + 1)
+    committer = Committer(writer, max_batch, post)
     feed: Any = None
     try:
         async with trio.open_nursery() as nursery:
+            committer.start()
+            storage._committer = committer
             if engines.url is not None:
                 feed = await _start_node(nursery, storage, engines)
+            await nursery.start(storage._hand_over)
+            await nursery.start(_probe_loop, storage, committer)
             task_status.started(storage)
-            probe = partial(_probe, writer, storage.health)
-            async with recv:
-                while True:
-                    batch = await _next_batch(recv, max_batch, storage.health, probe)
-                    await _commit(writer, hub, storage, batch, feed)
+            async for outcome in outcomes:
+                assert isinstance(outcome, Outcome)  # DONE comes only after stop()
+                _deliver(hub, storage, outcome, feed)
     finally:
-        send.close()
-        if feed is not None:
-            feed.flush_pending()  # committed: answer them even though this node stops
-        _answer_closed(recv)
         with trio.CancelScope(shield=True):
-            # Readers first: the writer's close is then the last connection's, which checkpoints
-            # the WAL into the database file and removes it.
-            reader.close()
-            await trio.to_thread.run_sync(writer.close)
+            await _shut_down(storage, engines, outcomes, feed)
+
+
+async def _shut_down(storage: Storage, engines: _Engines,
+                     outcomes: trio.MemoryReceiveChannel[Outcome | Done], feed: Any) -> None:
+    """Stop the writer thread, answer everyone, close the engines (shielded by the caller)."""
+    storage._close()
+    committer = storage._committer
+    if committer is not None:
+        committer.stop()
+        # a commit that started always finishes and is answered: a caller is never told
+        # "failed" about data that is in fact stored
+        async for outcome in outcomes:
+            if not isinstance(outcome, Outcome):
+                break
+            _deliver(storage.hub, storage, outcome, feed)
+        committer.close()
+    unsent, storage._pending = storage._pending, []
+    for req in (committer.leftovers() if committer is not None else []) + unsent:
+        req.error = RuntimeClosedError("storage is closed")
+        req.answer()
+    if feed is not None:
+        feed.flush_pending()  # committed: answer them even though this node stops
+    # Readers first: the writer's close is then the last connection's, which checkpoints the WAL
+    # into the database file and removes it.
+    engines.reader.close()
+    await trio.to_thread.run_sync(engines.writer.close)
 
 
 @dataclass
@@ -231,88 +288,59 @@ async def _start_node(nursery: trio.Nursery, storage: Storage, engines: _Engines
     return feed
 
 
-def _answer_closed(recv: trio.MemoryReceiveChannel[_Request]) -> None:
-    """Answer anyone still waiting so no caller hangs on a closed actor."""
-    while True:
-        try:
-            req = recv.receive_nowait()
-        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-            return
-        req.error = RuntimeClosedError("storage is closed")
-        req.done.set()
+async def _probe_loop(
+    storage: Storage, committer: Committer, backoff: Backoff = RETRY,
+    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """While the store refuses writes and no write comes, probe it after each backoff delay (in
+    the writer thread, between batches), so readiness returns without traffic."""
+
+    async def probe() -> None:
+        req = Request(PROBE)
+        committer.submit([req])
+        await req.wait()
+
+    task_status.started()
+    await probe_while_refused(storage.health, storage._activity_wait, probe, backoff)
 
 
-async def _next_batch(
-    recv: trio.MemoryReceiveChannel[_Request],
-    max_batch: int,
+async def probe_while_refused(
     health: StorageHealth,
+    activity: Callable[[], Awaitable[None]],
     probe: Callable[[], Awaitable[None]],
     backoff: Backoff = RETRY,
-) -> list[_Request]:
-    """One request, then every request already queued (up to ``max_batch``). While the store
-    refuses writes and no request comes, ``probe`` it after each backoff delay."""
-    delays: Iterator[float] | None = None
-    while True:
-        if health.writable:
-            delays = None
-            first = await recv.receive()
-            break
-        if delays is None:
-            delays = backoff.delays()
-        with trio.move_on_after(next(delays)):
-            first = await recv.receive()
-            break
-        await probe()
-    batch = [first]
-    while len(batch) < max_batch:
-        try:
-            batch.append(recv.receive_nowait())
-        except trio.WouldBlock:
-            break
-    return batch
-
-
-async def _probe(writer: WriterEngine, health: StorageHealth) -> None:
-    """One probe write (in the writer's thread slot: the actor runs nothing else meanwhile)."""
-    try:
-        await trio.to_thread.run_sync(probe_write, writer)
-    except StorageError as exc:
-        health.refused(str(exc))
-        return
-    except Exception as exc:  # a probe must never take storage down
-        log.exception("the storage probe failed")
-        health.refused(f"probe failed: {type(exc).__name__}: {exc}")
-        return
-    health.accepted()
-
-
-async def _commit(
-    writer: WriterEngine, hub: EventHub, storage: Storage, batch: list[_Request], feed: Any
 ) -> None:
-    # The thread call is not abandoned on cancel: a commit that started always finishes and is
-    # answered, so a caller is never told "failed" about data that is in fact stored.
-    started = time.perf_counter()
-    try:
-        result = await trio.to_thread.run_sync(writer.commit_batch, [r.op for r in batch])
-    except StorageError as exc:
-        error: type[StorageError] = StorageError
-        if is_transient(exc):
-            # StorageHealth logs the outage once when it starts and once when it ends; retries
-            # during it are not news (one line per attempt would flood the log for its length).
-            log.debug("storage batch of %d refused: %s", len(batch), exc)
-            error = StorageUnavailableError
-            storage.health.refused(str(exc))
-        else:
-            log.error("storage batch of %d failed: %s", len(batch), exc)
-        for req in batch:
-            req.error = error(str(exc))
-            req.done.set()
+    """Forever: once ``health`` says writes are refused, ``probe()`` after each delay of
+    ``backoff`` until it says they are accepted again. A write arriving meanwhile (``activity``
+    returns) is itself a probe: the backoff starts over from it."""
+    while True:
+        await health.wait_writable(False)
+        delays: Iterator[float] = backoff.delays()
+        while not health.writable:
+            with trio.move_on_after(next(delays)) as waited:
+                await activity()
+            if waited.cancelled_caught:
+                await probe()
+            else:
+                delays = backoff.delays()
+
+
+def _deliver(hub: EventHub, storage: Storage, outcome: Outcome, feed: Any) -> None:
+    """Report one outcome of the writer thread: health, stats, publish, answer its callers."""
+    batch, result = outcome.batch, outcome.result
+    if isinstance(result, BaseException):
+        _failed(storage, batch + outcome.probes, result)
         return
     storage.health.accepted()
+    for req in outcome.probes:
+        req.answer()
+    if not batch:
+        return
     storage.stats.batches += 1
     storage.stats.ops += len(batch)
     storage.stats.largest_batch = max(storage.stats.largest_batch, len(batch))
-    metrics.STORAGE_COMMIT.observe(time.perf_counter() - started)
+    storage.stats.followed += outcome.followed
+    metrics.STORAGE_COMMIT.observe(outcome.elapsed)
     metrics.STORAGE_BATCH.observe(len(batch))
     metrics.EVENTS_COMMITTED.inc(len(result.events))
 
@@ -326,7 +354,8 @@ async def _commit(
                 req.error = value
             else:
                 req.result = value
-            req.done.set()
+            req.answer()
+        storage._answered(len(batch))
 
     if feed is None:
         hub.publish(result.events, result.oldest, result.head)
@@ -335,3 +364,34 @@ async def _commit(
         # Every node's events (this one's too) reach the hub through the feed, in global order;
         # callers are answered once their batch is published there.
         feed.own(result.events, result.oldest, result.head, answer)
+
+
+def _failed(storage: Storage, reqs: list[Request], exc: BaseException) -> None:
+    """A batch (or probe) that stored nothing: every caller gets the error."""
+    error: type[StorageError] = StorageError
+    writes = sum(1 for r in reqs if r.op is not PROBE)
+    if writes == 0:  # a probe: whatever went wrong, the store still refuses writes
+        if not isinstance(exc, StorageError):  # a probe must never take storage down
+            log.error("the storage probe failed", exc_info=exc)
+        storage.health.refused(str(exc) if isinstance(exc, StorageError)
+                               else f"probe failed: {type(exc).__name__}: {exc}")
+        for req in reqs:
+            req.answer()
+        return
+    if isinstance(exc, StorageError):
+        if is_transient(exc):
+            # StorageHealth logs the outage once when it starts and once when it ends; retries
+            # during it are not news (one line per attempt would flood the log for its length).
+            log.debug("storage batch of %d refused: %s", writes, exc)
+            error = StorageUnavailableError
+            storage.health.refused(str(exc))
+        else:
+            log.error("storage batch of %d failed: %s", writes, exc)
+        message = str(exc)
+    else:  # a defect in the engine: the batch is lost, the writer goes on
+        log.error("storage batch of %d failed", writes, exc_info=exc)
+        message = f"write failed, nothing stored: {type(exc).__name__}: {exc}"
+    for req in reqs:
+        req.error = error(message)
+        req.answer()
+    storage._answered(writes)
