@@ -1,0 +1,32 @@
+"""The commit statement's typed row arrays (``pg_arrays``) reach PostgreSQL as the values they
+hold: every element type, NULLs, empty arrays, non-ASCII text, extreme integers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from agentik.storage.pg_arrays import Bools, Byteas, Float8s, Int8s, Texts
+
+CASES: list[tuple[Any, str]] = [
+    (Int8s([0, 1, -1, 2**63 - 1, -(2**63), 7]), "bigint[]"),
+    (Int8s([3, 4]), "int[]"),
+    (Float8s([0.0, -1.5, 1e300, 1]), "float8[]"),
+    (Bools([True, False, True]), "boolean[]"),
+    (Texts(["a", "", "ünïcødé ✓", None, "x" * 5000]), "text[]"),
+    (Texts([None, None]), "text[]"),
+    (Byteas([b"", b"\x00\xff" * 300, b"abc"]), "bytea[]"),
+    (Int8s([]), "bigint[]"),
+    (Texts([]), "text[]"),
+    (Byteas([]), "bytea[]"),
+]
+
+
+@pytest.mark.parametrize(("value", "cast"), CASES, ids=[f"{c}-{len(v)}" for v, c in CASES])
+def test_a_typed_array_arrives_as_the_values_it_holds(pg_url: str, value: Any, cast: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute(f"SELECT %(x)b::{cast}", {"x": value}).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    assert row[0] == list(value)
