@@ -120,6 +120,7 @@ def _statements_only_events_per_s(url: str, *, batch: int, batches: int) -> floa
             appends: list[ops.AnyOp] = [
                 ops.AppendUserMessage(conversation_id="c", message_id=new_id(), message=message)
                 for i in range(batch)]
+            writer._known.clear()  # each planned from a read: nothing committed between
             writer._load(plan, appends)
             for op in appends:
                 plan_op(plan, op)

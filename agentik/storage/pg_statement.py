@@ -15,9 +15,11 @@ binary parameters (``%(x)b``): dumping them as text costs several times more.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
+from agentik.storage.pg_arrays import Bools, Byteas, Float8s, Int8s, Texts
 from agentik.storage.pg_fence import Ownership
 from agentik.storage.pg_plan import Plan
 
@@ -28,9 +30,18 @@ _F = """f AS (SELECT x.conversation_id FROM conv_owner x
 _G = """g AS (SELECT x.conversation_id FROM conv_owner x JOIN nodes y ON y.node_id = x.node_id
     WHERE x.conversation_id = ANY(%(u_cid)b::text[]) AND x.node_id <> %(me)s
       AND y.heartbeat_at > now() - make_interval(secs => %(ttl)s) FOR SHARE OF x)"""
+#: the conversation rows the plan took from the writer's memory (``PgWriter._known``) instead of
+#: reading them: each still as it was (its seq and its last working-memory index), else the
+#: batch stores nothing and is planned again from a read
+_K = """k AS (SELECT 1 FROM unnest(%(k_id)b::text[], %(k_seq)b::bigint[], %(k_max)b::bigint[])
+        AS r(id, seq, mx)
+    JOIN conversation x ON x.id = r.id AND x.seq = r.seq
+    WHERE (SELECT COALESCE(max(order_idx), 0) FROM working_memory w
+           WHERE w.conversation_id = r.id) = r.mx)"""
 _C = "c AS (UPDATE counter SET v = v + %(n)s WHERE id = 1{checks} RETURNING v - %(n)s AS base)"
 _CHECK_F = " AND (SELECT count(*) FROM f) = %(f_n)s"
 _CHECK_G = " AND NOT EXISTS (SELECT 1 FROM g)"
+_CHECK_K = " AND (SELECT count(*) FROM k) = %(k_n)s"
 
 _OWNER_NEW = """oi AS (INSERT INTO conv_owner (conversation_id, node_id, fence)
     SELECT r.id, %(me)s, 1 FROM c, unnest(%(new)b::text[]) AS r(id)
@@ -107,10 +118,30 @@ def _sql(parts: tuple[str, ...]) -> str:
     return "WITH " + ",\n".join(parts) + "\n" + _RESULT
 
 
+_ARRAY_PARAM = re.compile(r"%\((\w+)\)b::(\w+)\[\]")
+_TYPED: dict[str, type[list[Any]]] = {"bigint": Int8s, "int": Int8s, "text": Texts,
+                                      "bytea": Byteas, "float8": Float8s, "boolean": Bools}
+
+
+@lru_cache(maxsize=256)
+def _array_types(sql: str) -> tuple[tuple[str, type[list[Any]]], ...]:
+    """Each array parameter of ``sql`` and the typed list it is sent as (``pg_arrays``)."""
+    return tuple((m.group(1), _TYPED[m.group(2)]) for m in _ARRAY_PARAM.finditer(sql))
+
+
+def _typed(sql: str, args: dict[str, Any]) -> None:
+    for name, cls in _array_types(sql):
+        value = args.get(name)
+        if isinstance(value, list) and type(value) is not cls:
+            args[name] = cls(value)
+
+
 def commit_statement(
-    p: Plan, own: Ownership, *, channel: str, outbox_cap: int, outbox_ttl: float
+    p: Plan, own: Ownership, *, channel: str, outbox_cap: int, outbox_ttl: float,
+    known: list[tuple[str, int, int]] = [],  # noqa: B006 - never mutated
 ) -> tuple[str, dict[str, Any]]:
-    """The statement committing ``p`` and its parameters (only those its parts use)."""
+    """The statement committing ``p`` and its parameters (only those its parts use); ``known``:
+    (id, seq, last working-memory index) of each conversation planned from memory, checked."""
     parts: list[str] = []
     args: dict[str, Any] = {"n": p.n, "now": p.now, "chan": channel, "cap": outbox_cap,
                             "cutoff": p.now - outbox_ttl}
@@ -125,6 +156,11 @@ def commit_statement(
         parts.append(_G)
         checks += _CHECK_G
         args.update(u_cid=own.unfenced, ttl=own.ttl)
+    if known:
+        parts.append(_K)
+        checks += _CHECK_K
+        args.update(k_id=[k[0] for k in known], k_seq=[k[1] for k in known],
+                    k_max=[k[2] for k in known], k_n=len(known))
     parts.append(_C.format(checks=checks))
     if p.created:
         parts.append(_OWNER_NEW)
@@ -137,7 +173,9 @@ def commit_statement(
         parts.append(_KEYS)
         args.update(i_fp=[r[1] for r in i], i_rid=[r[2] for r in i], i_exp=[r[3] for r in i])
     parts.append(_TRIM)
-    return _sql(tuple(parts)), args
+    sql = _sql(tuple(parts))
+    _typed(sql, args)
+    return sql, args
 
 
 def _state_rows(p: Plan, parts: list[str], args: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ of another node's came before them (``pg_feed.Feed.own``), else it reads them fr
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -21,12 +22,17 @@ import psycopg
 from agentik.errors import AgentikError, StorageError
 from agentik.storage import ops
 from agentik.storage.pg_fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
+from agentik.storage.pg_flight import Flight, resolve, seed_after
 from agentik.storage.pg_plan import Conv, Plan, plan_op
 from agentik.storage.pg_schema import channel, migrate
+from agentik.storage.pg_send import Sender
 from agentik.storage.pg_statement import commit_statement
 from agentik.storage.writer import BatchResult
 
 log = logging.getLogger(__name__)
+
+#: how many conversation rows a writer remembers (``PgWriter._known``)
+KNOWN = 10_000
 
 _LOAD_CONVERSATIONS = """
 SELECT c.id, c.title, c.is_temporal, c.created_at, c.updated_at, c.seq,
@@ -57,6 +63,10 @@ class PgWriter:
         self.outbox_ttl = outbox_ttl
         #: the node's leases (``pg_lease.Leases``); None: no ownership checks (one node)
         self.leases: Any = None
+        #: conversation rows as this writer's last commits left them: a batch touching only
+        #: these needs no read before its statement (each is checked inside the statement, so
+        #: one changed meanwhile by anybody makes the batch be planned again from a read)
+        self._known: dict[str, Conv] = {}
         try:
             self.conn = self._connect()
             self.schema = migrate(self.conn)
@@ -76,7 +86,12 @@ class PgWriter:
         conn = psycopg.connect(self.url, autocommit=True)
         #: the server process of this connection: the sender of this node's NOTIFYs
         self.backend_pid = conn.info.backend_pid
+        self._sender = Sender(conn)
         return conn
+
+    def socket(self) -> int:
+        """The connection's socket: readable once the statement in flight has its answer."""
+        return self.conn.pgconn.socket
 
     def close(self) -> None:
         try:
@@ -87,40 +102,127 @@ class PgWriter:
     def commit_batch(self, batch: list[ops.AnyOp]) -> BatchResult:
         """Plan ``batch`` and commit it in one statement. Raises StorageError if nothing was
         committed (the connection is then re-opened for the next batch)."""
-        refused: dict[int, AgentikError] = {}
+        flight = self.begin(batch)
+        self.land(flight)
+        return self.result(flight)
+
+    # --- the same in steps, for the writer thread to plan batch k+1 while k runs (pg_flight) ---
+
+    def begin(self, batch: list[ops.AnyOp]) -> Flight:
+        """Plan ``batch`` (reading what it needs) and send its statement. Raises StorageError."""
         try:
             if self.conn.closed or self.conn.broken:
                 self.conn = self._connect()
-            for _ in range(3):
-                plan = Plan(epoch=self.epoch, now=self.clock())
-                live = [op for i, op in enumerate(batch) if i not in refused]
-                self._load(plan, live)
-                results: list[Any] = []
-                for i, op in enumerate(batch):
-                    if i in refused:
-                        results.append(refused[i])
-                        continue
-                    try:
-                        results.append(plan_op(plan, op))
-                    except AgentikError as exc:
-                        results.append(exc)
-                base = self._execute(plan)
-                if base is not None:
-                    break
-                refused.update(refusals(self.conn, self.leases, batch, refused))
-            else:
-                raise StorageError("write failed, nothing stored: conversation ownership kept "
-                                   "changing under the batch")
+            flight = self._plan(batch, {})
+            self._send(flight)
         except psycopg.Error as exc:
+            self._known.clear()
             raise StorageError(f"write failed, nothing stored: {exc}") from exc
-        self.next_seq = base + plan.n + 1
+        return flight
+
+    def follow(self, batch: list[ops.AnyOp], after: Flight) -> Flight | None:
+        """Plan ``batch`` as if ``after`` (in flight) committed, reading nothing; None when it
+        needs a read. Sent by :meth:`launch` once ``after`` has landed."""
+        plan = Plan(epoch=self.epoch, now=self.clock())
+        known = seed_after(plan, batch, after, self._known)
+        if known is None:
+            return None
+        return Flight(batch, plan, _planned(plan, batch, {}), known, after)
+
+    def launch(self, flight: Flight) -> bool:
+        """Send a followed flight once the flight it followed has landed; False (nothing sent)
+        when that one did not commit as planned. Raises StorageError."""
+        after = flight.after
+        if after is None or not after.exact:
+            return False
+        flight.known = resolve(flight.known, after)  # type: ignore[assignment]
+        flight.after = None
+        try:
+            self._send(flight)
+        except psycopg.Error as exc:
+            self._known.clear()
+            raise StorageError(f"write failed, nothing stored: {exc}") from exc
+        return True
+
+    def land(self, flight: Flight) -> None:
+        """Wait for the flight's statement. When a check failed (nothing stored), plan the
+        batch again (from a read, refusing the ops whose lease is gone) until it is stored.
+        Raises StorageError if nothing was committed."""
+        refused: dict[int, AgentikError] = {}
+        try:
+            base = self._base(flight.plan, self._sender.wait())
+            exact = base is not None
+            attempts = 0
+            while base is None:
+                if flight.known:  # a remembered row may be what changed: read them all again
+                    self._known.clear()
+                else:
+                    attempts += 1
+                    if attempts == 3:
+                        raise StorageError("write failed, nothing stored: conversation "
+                                           "ownership kept changing under the batch")
+                    refused.update(refusals(self.conn, self.leases, flight.ops, refused))
+                again = self._plan(flight.ops, refused)
+                flight.plan, flight.results, flight.known = again.plan, again.results, again.known
+                self._send(flight)
+                base = self._base(flight.plan, self._sender.wait())
+        except psycopg.Error as exc:
+            self._known.clear()  # committed or not: unknown
+            raise StorageError(f"write failed, nothing stored: {exc}") from exc
+        flight.base, flight.exact = base, exact
+        self._remember(flight.plan, base)
+        self.next_seq = base + flight.plan.n + 1
+
+    def result(self, flight: Flight) -> BatchResult:
+        """A landed flight's results and events, stamped with its offsets."""
+        base = flight.base
+        assert base is not None
         return BatchResult(
-            [r if isinstance(r, AgentikError) else r(base) for r in results], plan.events(base),
-            self.oldest, self.next_seq - 1,
+            [r if isinstance(r, AgentikError) else r(base) for r in flight.results],
+            flight.plan.events(base), self.oldest, base + flight.plan.n,
         )
 
-    def _load(self, p: Plan, batch: list[ops.AnyOp]) -> None:
-        """The one read a batch's plan starts from (more only for start-up and A2A ops)."""
+    def _plan(self, batch: list[ops.AnyOp], refused: dict[int, AgentikError]) -> Flight:
+        plan = Plan(epoch=self.epoch, now=self.clock())
+        known = self._load(plan, [op for i, op in enumerate(batch) if i not in refused])
+        return Flight(batch, plan, _planned(plan, batch, refused), known)  # type: ignore[arg-type]
+
+    def _remember(self, p: Plan, base: int) -> None:
+        """Keep the conversation rows as batch ``p``, committed at ``base``, left them."""
+        known = self._known
+        for cid, conv in p.conv.items():
+            if conv is None:
+                known.pop(cid, None)
+            else:
+                known.pop(cid, None)  # re-inserted last: the oldest are dropped first
+                known[cid] = Conv(cid, conv.title, conv.is_temporal, conv.created_at,
+                                  conv.updated_at, conv.seq if conv.rel is None else base + conv.rel,
+                                  None, True, conv.max_order)
+        if len(known) > KNOWN:
+            for cid in list(itertools.islice(known, len(known) - KNOWN)):
+                del known[cid]
+
+    def _load_conversations(self, p: Plan, cids: set[str]) -> list[tuple[str, int, int]]:
+        """The rows of ``cids`` into ``p``: remembered ones as they are (returned, to be checked
+        by the statement), the others read."""
+        used: list[tuple[str, int, int]] = []
+        missing = []
+        for cid in cids:
+            conv = self._known.get(cid)
+            if conv is None or conv.seq is None:
+                missing.append(cid)
+            else:
+                p.conv[cid] = conv
+                used.append((cid, conv.seq, conv.max_order))
+        if missing:
+            for r in self.conn.execute(_LOAD_CONVERSATIONS, (missing,)):
+                p.conv[r[0]] = Conv(r[0], r[1], bool(r[2]), r[3], r[4], r[5], None, True, r[6])
+        return used
+
+    def _load(self, p: Plan, batch: list[ops.AnyOp]) -> list[tuple[str, int, int]]:
+        """The one read a batch's plan starts from (more only for start-up and A2A ops); none
+        when every conversation row it needs is remembered (``_known``). Returns the remembered
+        rows used, for the statement to check: (id, seq, last working-memory index)."""
         conn = self.conn
         me, ttl = node_of(self.leases)
         cids: set[str] = set()
@@ -153,9 +255,7 @@ class PgWriter:
             cid = getattr(op, "conversation_id", None)
             if isinstance(cid, str):
                 cids.add(cid)
-        if cids:
-            for r in conn.execute(_LOAD_CONVERSATIONS, (list(cids),)):
-                p.conv[r[0]] = Conv(r[0], r[1], bool(r[2]), r[3], r[4], r[5], None, True, r[6])
+        used = self._load_conversations(p, cids)
         keys = [idem.key for op in batch
                 if isinstance(op, ops.CreateConversation | ops.AppendUserMessage)
                 and (idem := op.idempotency) is not None]
@@ -175,22 +275,41 @@ class PgWriter:
                 (cid, cid),
             ).fetchone()
             p.compact_first[cid] = row[0] if row else None
+        return used
 
-    def _execute(self, p: Plan) -> int | None:
-        """Run the one statement; the head before this batch, or None when a lease check
-        failed (then nothing was stored). Keeps ``oldest`` up to date."""
+    def _send(self, flight: Flight) -> None:
+        p = flight.plan
         sql, args = commit_statement(p, ownership(p, self.leases), channel=self.channel,
-                                     outbox_cap=self.outbox_cap, outbox_ttl=self.outbox_ttl)
-        row = self.conn.execute(sql, args).fetchone()
+                                     outbox_cap=self.outbox_cap, outbox_ttl=self.outbox_ttl,
+                                     known=flight.known)  # type: ignore[arg-type]
+        self._sender.send(sql, args)
+
+    def _base(self, p: Plan, row: tuple[bytes | None, ...] | None) -> int | None:
+        """The head before batch ``p`` from its statement's answer, or None when a check failed
+        (a lease, or a remembered row: then nothing was stored). Keeps ``oldest`` up to date."""
         if row is None:
             return None
-        base, lo, ttl_bound = int(row[0]), row[2], row[3]
+        base, lo, ttl_bound = int(row[0] or b"0"), row[2], row[3]
         head = base + p.n
         # what this statement trimmed (its snapshot does not show its own deletes)
         oldest = max(int(lo) if lo is not None else base + 1, head - self.outbox_cap + 1,
                      int(ttl_bound) + 1 if ttl_bound is not None else 0)
         self.oldest = min(oldest, head + 1)
         return base
+
+
+def _planned(plan: Plan, batch: list[ops.AnyOp], refused: dict[int, AgentikError]) -> list[Any]:
+    """Plan every op of ``batch`` into ``plan``: its result, or the error refusing it."""
+    results: list[Any] = []
+    for i, op in enumerate(batch):
+        if i in refused:
+            results.append(refused[i])
+            continue
+        try:
+            results.append(plan_op(plan, op))
+        except AgentikError as exc:
+            results.append(exc)
+    return results
 
 
 def _safe(url: str) -> str:

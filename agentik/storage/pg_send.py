@@ -1,0 +1,112 @@
+"""Sending a commit statement now and reading its answer later, on the writer's connection.
+
+``psycopg.Connection.execute`` sends a statement and waits for its answer; the writer wants the
+server to run batch k's statement while it plans batch k+1 in Python (``PgWriter.follow``). So
+the statement is sent through libpq's asynchronous calls (``psycopg.pq``): Parse/Bind/Execute
+and Sync go out together, so the server runs AND commits it on its own, without waiting for the
+client (the counter row's lock is still held only while the server runs the statement: a node
+stopped between send and read holds no lock). :meth:`Sender.wait` reads the answer.
+
+Parameters are dumped by psycopg's own adapters (``Transformer``), in binary, and the statement is
+prepared once per shape and parameter types, as psycopg's ``execute`` would. A failed statement
+raises the ``psycopg.Error`` subclass of its SQLSTATE, so callers convert and classify errors
+(``engine.is_transient``) as they do for ``execute``.
+"""
+
+from __future__ import annotations
+
+import re
+import select
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from psycopg.adapt import PyFormat, Transformer
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[bs]")
+
+
+@lru_cache(maxsize=256)
+def _numbered(sql: str) -> tuple[bytes, tuple[str, ...]]:
+    """``sql`` with psycopg's named placeholders (``%(x)b``, ``%(x)s``) as ``$n``, and the names
+    in their order."""
+    names: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) not in names:
+            names.append(m.group(1))
+        return f"${names.index(m.group(1)) + 1}"
+
+    return _PLACEHOLDER.sub(number, sql).encode(), tuple(names)
+
+
+class Sender:
+    """One statement in flight at a time on ``conn`` (which is used for nothing else meanwhile).
+    Made per connection: its prepared statements live and die with it."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._pg = conn.pgconn
+        self._prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        self.in_flight = False
+
+    def send(self, sql: str, args: Mapping[str, Any]) -> None:
+        """Send the statement (and its Sync) without waiting for its answer. Raises
+        psycopg.Error."""
+        assert not self.in_flight
+        query, names = _numbered(sql)
+        tx = Transformer.from_context(self._conn)
+        values = tx.dump_sequence([args[n] for n in names], [PyFormat.BINARY] * len(names))
+        types = tuple(tx.types or ())
+        name = self._prepared.get((query, types))
+        if name is None:
+            name = f"agentik_{len(self._prepared)}".encode()
+            _check(self._pg.prepare(name, query, types), self._conn)
+            self._prepared[(query, types)] = name
+        self._pg.send_query_prepared(name, values, tx.formats)
+        self.in_flight = True
+        while self._pg.flush():  # the rest of the message once the socket takes it
+            select.select([], [self._pg.socket], [])
+
+    def wait(self) -> tuple[bytes | None, ...] | None:
+        """The first row of the statement's answer (text values), or None when it returned no
+        row. Raises psycopg.Error (the statement failed, or the connection did)."""
+        assert self.in_flight
+        pg = self._pg
+        try:
+            pg.consume_input()
+            while pg.is_busy():
+                select.select([pg.socket], [], [])
+                pg.consume_input()
+            row: tuple[bytes | None, ...] | None = None
+            error: psycopg.Error | None = None
+            while (res := pg.get_result()) is not None:
+                if res.status == pq.ExecStatus.TUPLES_OK:
+                    if res.ntuples:
+                        row = tuple(res.get_value(0, i) for i in range(res.nfields))
+                elif res.status != pq.ExecStatus.COMMAND_OK and error is None:
+                    error = _error(res, self._conn)
+            if error is not None:
+                raise error
+            return row
+        except OSError as exc:  # the socket itself failed
+            raise psycopg.OperationalError(f"connection lost: {exc}") from exc
+        finally:
+            self.in_flight = False
+
+
+def _error(res: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> psycopg.Error:
+    state = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode("utf-8", "replace")
+    try:
+        cls: type[psycopg.Error] = psycopg.errors.lookup(state)
+    except KeyError:
+        cls = psycopg.DatabaseError
+    message = (res.error_message or b"").decode(conn.info.encoding, "replace").strip()
+    return cls(message, info=res, encoding=conn.info.encoding)
+
+
+def _check(res: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> None:
+    if res.status != pq.ExecStatus.COMMAND_OK:
+        raise _error(res, conn)
