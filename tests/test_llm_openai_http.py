@@ -105,3 +105,26 @@ def test_an_sdk_with_other_internals_goes_through_create() -> None:
 
     assert ChatEndpoint(openai.AsyncOpenAI(api_key="k", base_url="http://127.0.0.1:1/v1")).direct
     assert not ChatEndpoint(LaterSdk(api_key="k", base_url="http://127.0.0.1:1/v1")).direct
+
+
+async def test_each_request_is_what_build_request_makes() -> None:
+    """The request is copied from a template (issue 13): the same method, URL, headers in the
+    same order (``Content-Length`` the body's own), timeouts and body as the HTTP client's
+    ``build_request`` gives, for bodies of every length; once the client holds a cookie, it is
+    sent, as ``build_request`` would."""
+    llm = OpenAiLlm("http://127.0.0.1:1/v1", "sk-test", "m")
+    try:
+        chat, http = llm.chat, llm.client._client
+        for content in (b"{}", b'{"model": "m"}', b"x" * 5000, b"{}"):
+            ours = chat.request(content)
+            theirs = http.build_request("POST", chat.url, content=content,
+                                        headers=chat.headers(), timeout=llm.client.timeout)
+            assert ours.method == theirs.method and ours.url == theirs.url
+            assert ours.headers.raw == theirs.headers.raw
+            assert ours.extensions == theirs.extensions
+            assert ours.content == content
+        http.cookies.set("route", "node-2", domain="127.0.0.1")
+        assert chat.request(b"{}").headers["cookie"] == "route=node-2"
+    finally:
+        await llm.aclose()
+
