@@ -3,6 +3,7 @@ the byte-level SSE line split."""
 
 from __future__ import annotations
 
+import json
 from contextlib import aclosing
 
 import openai
@@ -128,3 +129,30 @@ async def test_each_request_is_what_build_request_makes() -> None:
     finally:
         await llm.aclose()
 
+
+async def test_a_compressed_stream_is_decoded() -> None:
+    """An identity stream is read raw; a server (or a proxy) that gzips the stream is still
+    decoded."""
+    import gzip
+
+    import httpx2
+
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "zipped"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=gzip.compress(sse.encode()), headers={
+            "content-type": "text/event-stream", "content-encoding": "gzip"})
+
+    llm = OpenAiLlm("http://127.0.0.1:1/v1", None, "m", max_retries=0)
+    try:
+        llm.client._client._transport = httpx2.MockTransport(handler)
+        conv = await llm.open([], [])
+        async with aclosing(conv.send_stream([Text(body="q")])) as stream:
+            text = "".join([d.text async for d in stream if isinstance(d, TextDelta)])
+    finally:
+        await llm.aclose()
+    assert text == "zipped"

@@ -252,7 +252,11 @@ class OpenAiConversation:
             with map_exceptions(self._llm.errors):
                 async with AsyncExitStack() as stack:
                     response = await self._open(stack, limit)
-                    rest, body = b"", response.aiter_bytes()
+                    # identity-encoded (an SSE stream normally is): the raw bytes, without the
+                    # decoder layer of aiter_bytes (one async generator less per chunk)
+                    body = (response.aiter_bytes() if "content-encoding" in response.headers
+                            else response.aiter_raw())
+                    rest = b""
                     while not done:
                         chunk = await anext(body, None)  # None: the body ended
                         datas, rest = data_lines(rest, b"\n" if chunk is None else chunk)
