@@ -122,6 +122,9 @@ class OpenAiLlm:
             # SDK's own would each get the whole timeout again
             max_retries=0,
         )
+        #: the client's base URL as text, for messages (the URL is fixed; made once, not per
+        #: request: each str() of an httpx2 URL rebuilds it)
+        self._endpoint = str(self.client.base_url)
         #: how this backend's third-party errors become LlmErrors
         self.errors = error_table(self.endpoint)
         #: the streamed request, sent through the client's HTTP client (openai_http)
@@ -166,7 +169,7 @@ class OpenAiLlm:
     @property
     def endpoint(self) -> str:
         """The base URL the client talks to (for messages)."""
-        return str(self.client.base_url)
+        return self._endpoint
 
     async def open(
         self, history: Sequence[WorkingItem], tools: Sequence[ToolSpec]
