@@ -114,8 +114,21 @@ def write_outbox(conn: sqlite3.Connection, tx: Tx) -> None:
     conn.executemany(
         'INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload) '
         "VALUES (?, ?, ?, ?, ?)",
-        [(ev.offset, ev.conversation_id, ev.kind, tx.now, ev.raw) for ev in tx.events],
+        [(ev.offset, ev.conversation_id, ev.kind, tx.now, bytearray(ev.raw)) for ev in tx.events],
     )
+
+
+_encode_into = msgspec.json.Encoder().encode_into
+
+
+def blob(value: Any) -> bytearray:
+    """``value`` as JSON (``wire.encode``'s) in a bytearray: what a payload column is bound as.
+    Python's sqlite3 binds a bytearray as it is but sends ``bytes`` (and None) through its
+    adapter look-up first, which fails by way of an AttributeError raised and formatted inside
+    (~3k instructions a parameter)."""
+    buf = bytearray()
+    _encode_into(value, buf)
+    return buf
 
 
 def alloc(tx: Tx) -> int:
@@ -172,7 +185,7 @@ def journal(
     conn.execute(
         "INSERT INTO message (seq, id, conversation_id, type, created_at, payload) "
         "VALUES (?, ?, ?, ?, ?, ?)",
-        (seq, message_id, conversation_id, event_type(message), tx.now, encode(message)),  # type: ignore[arg-type]
+        (seq, message_id, conversation_id, event_type(message), tx.now, blob(message)),  # type: ignore[arg-type]
     )
     return record
 
@@ -189,7 +202,7 @@ def append_memory(
         "(conversation_id, order_idx, source_message_id, created_at, payload) VALUES "
         "(?, (SELECT COALESCE(MAX(order_idx), 0) + 1 FROM working_memory WHERE conversation_id=?), "
         "?, ?, ?)",
-        (conversation_id, conversation_id, source_message_id, tx.now, encode(item)),
+        (conversation_id, conversation_id, source_message_id, tx.now, blob(item)),
     )
 
 
