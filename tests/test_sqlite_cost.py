@@ -7,9 +7,12 @@ from __future__ import annotations
 import typing
 from pathlib import Path
 
+import pytest
+
+from agentik.errors import StorageError
 from agentik.storage import ops, sqlite_ops
 from agentik.storage.writer import Writer
-from agentik.wire import Text, UserMessage, decode_common_event, encode
+from agentik.wire import Text, UserItem, UserMessage, decode_common_event, encode
 
 
 def _create(cid: str) -> ops.CreateConversation:
@@ -39,4 +42,44 @@ def test_payloads_are_stored_as_blobs_of_their_json(tmp_path: Path) -> None:
     assert [(t, bytes(p)) for t, p in outbox] == [("blob", ev.raw) for ev in result.events]
     assert [type(ev.raw) for ev in result.events] == [bytes, bytes]
     assert decode_common_event(result.events[1].raw) == result.events[1].event
+    w.close()
+
+
+def test_pending_rows_are_written_before_an_op_that_reads_them(tmp_path: Path) -> None:
+    """Sends leave their journal and turn rows pending; an op of another kind later in the batch
+    finds them: a turn started and finished in the batch of its message, a conversation deleted
+    with the messages sent to it in the batch."""
+    w = Writer(str(tmp_path / "r.db"), synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
+    w.commit_batch([_create("c1"), _create("c2")])
+    result = w.commit_batch([
+        _send("c1", "a1"), _send("c1", "a2"),
+        ops.StartTurn(conversation_id="c1", turn_id="a1", item=UserItem(content=[Text("a1")])),
+        _send("c2", "b1"), _send("c1", "a3"),
+        ops.FinishTurn(conversation_id="c1", turn_id="a1", interrupted=True),
+        _send("c2", "b2"),
+        ops.DeleteConversation(conversation_id="c2"),
+        _send("c1", "a4"),
+    ])
+    assert not any(isinstance(r, Exception) for r in result.results)
+    conn = w.conn
+    assert conn.execute("SELECT id FROM message ORDER BY seq").fetchall() == [
+        ("a1",), ("a2",), ("a3",), ("a4",)]
+    assert sorted(conn.execute("SELECT id, state FROM turn")) == [
+        ("a2", "queued"), ("a3", "queued"), ("a4", "queued")]
+    seqs = [r[0] for r in conn.execute("SELECT seq FROM message ORDER BY seq")]
+    offsets = {ev.offset for ev in result.events}
+    assert set(seqs) <= offsets and w.next_seq - 1 == max(offsets)
+    w.close()
+
+
+def test_a_message_id_taken_twice_in_a_batch_fails_it_whole(tmp_path: Path) -> None:
+    w = Writer(str(tmp_path / "d.db"), synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
+    w.commit_batch([_create("c1")])
+    with pytest.raises(StorageError):
+        w.commit_batch([_send("c1", "m1"), _send("c1", "m2"), _send("c1", "m1")])
+    assert w.next_seq == 2
+    assert w.conn.execute("SELECT count(*) FROM message").fetchone() == (0,)
+    assert w.conn.execute('SELECT count(*) FROM outbox').fetchone() == (1,)
+    result = w.commit_batch([_send("c1", "m1")])
+    assert result.events[0].offset == 2
     w.close()

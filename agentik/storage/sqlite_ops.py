@@ -27,9 +27,11 @@ from agentik.storage.sqlite_rows import (
     emit,
     journal,
     not_found,
+    pend_turn,
     read_record,
     row_to_conversation,
     touch,
+    write_rows,
 )
 from agentik.wire import (
     AssistantMessageEvent,
@@ -92,10 +94,7 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
 
 def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> MessageRecord:
     record = journal(conn, tx, op.conversation_id, op.message_id, op.message)
-    conn.execute(
-        "INSERT INTO turn (id, conversation_id, state) VALUES (?, ?, ?)",
-        (op.message_id, op.conversation_id, "queued" if op.start is None else "running"),
-    )
+    pend_turn(tx, op.message_id, op.conversation_id, "queued" if op.start is None else "running")
     if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
         append_memory(conn, tx, op.conversation_id, op.start, op.message_id)
     emit(tx, record.seq, op.conversation_id, UserMessageEvent(record=record),
@@ -220,8 +219,13 @@ def apply_op(conn: sqlite3.Connection, tx: Tx, op: ops.AnyOp) -> Any:
     refused op (rolled back alone) and sqlite3.Error for a storage failure (fails the batch).
 
     Dispatched by the op's exact type (a dict look-up: a ``match`` on twelve classes made an
-    ``isinstance`` through msgspec's metaclass per case tried, ~3k instructions an event)."""
-    return _APPLY[type(op)](conn, tx, op)
+    ``isinstance`` through msgspec's metaclass per case tried, ~3k instructions an event).
+    The journal and turn rows the ops before left pending are written first (``write_rows``)
+    unless ``op`` is an AppendUserMessage, the one op that reads neither table."""
+    kind = type(op)
+    if kind is not ops.AppendUserMessage and (tx.messages or tx.turns):
+        write_rows(conn, tx)
+    return _APPLY[kind](conn, tx, op)
 
 
 def _create_op(conn: sqlite3.Connection, tx: Tx, op: ops.CreateConversation) -> Any:

@@ -7,7 +7,9 @@ checked by the row count of the conversation UPDATE that every seq-taking op per
 after the op took its seqs: an op refused so raises NotFoundError and its SAVEPOINT hands the
 seqs back. A conversation bumped again in the same transaction needs no UPDATE: ``Tx.seqs``
 holds its latest seq, written once at the end (``write_seqs``). The outbox rows are written at
-the end too (``write_outbox``): the batch's ops read neither.
+the end too (``write_outbox``): the batch's ops read neither. Journal and turn rows are kept
+pending in ``Tx`` and written together (``write_rows``) before the next op that is not an
+AppendUserMessage, and at the end: only an AppendUserMessage may run with rows pending.
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ class Tx:
     #: the seq their row must still be given (0: the row has its latest seq already). An op that
     #: sets a conversation's seq itself (a rename) sets 0 here, or an older seq would win.
     seqs: dict[str, int] = field(default_factory=dict)
+    #: rows not written yet (``write_rows``): the journal's (``journal``) and the turns'
+    #: (``pend_turn``), each table's in one ``executemany``
+    messages: list[tuple[Any, ...]] = field(default_factory=list)
+    turns: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def emit(
@@ -182,12 +188,34 @@ def journal(
     record = MessageRecord(
         id=message_id, seq=seq, conversation_id=conversation_id, created_at=tx.now, message=message
     )
-    conn.execute(
-        "INSERT INTO message (seq, id, conversation_id, type, created_at, payload) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (seq, message_id, conversation_id, event_type(message), tx.now, blob(message)),  # type: ignore[arg-type]
+    tx.messages.append(
+        (seq, message_id, conversation_id, event_type(message), tx.now, blob(message))  # type: ignore[arg-type]
     )
     return record
+
+
+def pend_turn(tx: Tx, turn_id: str, conversation_id: str, state: str) -> None:
+    """A new turn's row, written by ``write_rows`` with the others."""
+    tx.turns.append((turn_id, conversation_id, state))
+
+
+def write_rows(conn: sqlite3.Connection, tx: Tx) -> None:
+    """Write the pending journal and turn rows, one ``executemany`` a table (a row through
+    ``execute`` costs a cursor, a statement-cache look-up and a reset more). ``apply_op`` calls
+    it before every op but an AppendUserMessage (which reads neither table), the writer at the
+    end of the batch, or of each op in the SAVEPOINT pass (so an op's rows are in its
+    SAVEPOINT); a row's constraint error (a message id taken) fails the batch either way."""
+    if tx.messages:
+        conn.executemany(
+            "INSERT INTO message (seq, id, conversation_id, type, created_at, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            tx.messages,
+        )
+        tx.messages.clear()
+    if tx.turns:
+        conn.executemany("INSERT INTO turn (id, conversation_id, state) VALUES (?, ?, ?)",
+                         tx.turns)
+        tx.turns.clear()
 
 
 def append_memory(

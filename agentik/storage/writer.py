@@ -23,7 +23,7 @@ from agentik.storage import ops
 from agentik.storage.dblock import lock_database
 from agentik.storage.schema import migrate
 from agentik.storage.sqlite_ops import StoredEvent, Tx, apply_op, row_to_conversation
-from agentik.storage.sqlite_rows import write_outbox, write_seqs
+from agentik.storage.sqlite_rows import write_outbox, write_rows, write_seqs
 
 #: re-exported: what readers, the hub and the agent import from here
 __all__ = ["BatchResult", "StoredEvent", "Writer", "open_connection", "row_to_conversation"]
@@ -117,6 +117,7 @@ class Writer:
                 conn.execute("BEGIN IMMEDIATE")
                 applied = self._apply_each_in_savepoint(batch, now)
             tx, results = applied
+            write_rows(conn, tx)
             write_seqs(conn, tx)
             if tx.events:
                 write_outbox(conn, tx)
@@ -160,12 +161,15 @@ class Writer:
             conn.execute("SAVEPOINT op")
             try:
                 results.append(apply_op(conn, tx, op))
+                write_rows(conn, tx)  # in its SAVEPOINT
                 conn.execute("RELEASE op")
             except AgentikError as exc:
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
                 tx.next_seq, n_events, tx.seqs = mark
                 del tx.events[n_events:]
+                tx.messages.clear()  # the rows it left pending
+                tx.turns.clear()
                 results.append(exc)
         return tx, results
 
