@@ -83,3 +83,76 @@ def test_a_message_id_taken_twice_in_a_batch_fails_it_whole(tmp_path: Path) -> N
     result = w.commit_batch([_send("c1", "m1")])
     assert result.events[0].offset == 2
     w.close()
+
+
+def _retained(w: Writer) -> list[int]:
+    return [r[0] for r in w.conn.execute('SELECT "offset" FROM outbox ORDER BY "offset"')]
+
+
+def test_trims_run_when_due_and_keep_cap_and_ttl(tmp_path: Path) -> None:
+    """The writer skips the trims when nothing can be trimmed (known from its own ``oldest`` and
+    the oldest time it keeps), and still retains exactly what trimming on every commit would: the
+    newest ``cap`` offsets minus every offset up to the newest one older than the TTL, a prefix
+    even when the clock goes back; ``oldest`` is the lowest retained offset (next_seq when none),
+    also after a reopen."""
+    import random
+
+    rng = random.Random(7)
+    now = [1000.0]
+    path = str(tmp_path / "t.db")
+    cap, ttl = 7, 10.0
+
+    def open_writer() -> Writer:
+        return Writer(path, synchronous="OFF", outbox_cap=cap, outbox_ttl=ttl,
+                      clock=lambda: now[0])
+
+    w = open_writer()
+    times: dict[int, float] = {}  # the model: offset -> created_at of every retained event
+    w.commit_batch([_create("c")])
+    times[1] = now[0]
+    sent = 0
+    for step in range(300):
+        now[0] += rng.choice([0.0, 0.5, 1.0, 3.0, -2.0, 12.0, -15.0])  # and back at times
+        n = rng.choice([0, 1, 1, 2, 5, 9])
+        result = w.commit_batch([_send("c", f"m{sent + i}") for i in range(n)])
+        sent += n
+        for ev in result.events:
+            times[ev.offset] = now[0]
+        head = w.next_seq - 1
+        if n:
+            times = {o: t for o, t in times.items() if o > head - cap}
+            old = [o for o, t in times.items() if t < now[0] - ttl]
+            if old:
+                times = {o: t for o, t in times.items() if o > max(old)}
+        assert _retained(w) == sorted(times), step
+        assert w.oldest == (min(times) if times else w.next_seq), step
+        assert (result.oldest, result.head) == (w.oldest, head)
+        if step % 50 == 49:
+            w.close()
+            w = open_writer()
+            assert w.oldest == (min(times) if times else w.next_seq)
+    w.close()
+
+
+def test_the_trims_run_only_when_due(tmp_path: Path) -> None:
+    statements: list[str] = []
+    now = [1000.0]
+    w = Writer(str(tmp_path / "s.db"), synchronous="OFF", outbox_cap=3, outbox_ttl=10.0,
+               clock=lambda: now[0])
+    w.conn.set_trace_callback(statements.append)
+    w.commit_batch([_create("c"), _send("c", "m1")])  # offsets 1, 2
+    assert not [s for s in statements if "DELETE FROM outbox" in s or "created_at <" in s]
+    w.commit_batch([_send("c", "m2"), _send("c", "m3")])  # 3, 4: the cap trims 1
+    assert sum("DELETE FROM outbox" in s for s in statements) == 1
+    assert (w.oldest, _retained(w)) == (2, [2, 3, 4])
+    statements.clear()
+    now[0] = 1011.0
+    w.commit_batch([_send("c", "m4")])  # 5: the cap trims 2, the TTL 3 and 4 (t=1000)
+    assert sum("DELETE FROM outbox" in s for s in statements) == 2
+    assert (w.oldest, _retained(w)) == (5, [5])
+    statements.clear()
+    now[0] = 1015.0
+    w.commit_batch([_send("c", "m5")])  # 6: nothing is due (5 is 4 s old)
+    assert not [s for s in statements if "outbox" in s and "INSERT" not in s]
+    assert (w.oldest, _retained(w)) == (5, [5, 6])
+    w.close()

@@ -12,6 +12,7 @@ themselves are in ``sqlite_ops``.
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 import time
 from collections.abc import Callable
@@ -80,6 +81,7 @@ class Writer:
             self.epoch = self._meta("epoch")
             self.next_seq = int(self._meta("next_seq"))
             self.oldest = self._oldest(self.next_seq)
+            self._oldest_time = self._oldest_created()
         except sqlite3.Error as exc:
             self._lock.release()
             raise StorageError(f"cannot open database {path!r}: {exc}") from exc
@@ -93,6 +95,12 @@ class Writer:
     def _oldest(self, next_seq: int) -> int:
         row = self.conn.execute('SELECT MIN("offset") FROM outbox').fetchone()
         return int(row[0]) if row and row[0] is not None else next_seq
+
+    def _oldest_created(self) -> float:
+        """The oldest ``created_at`` in the outbox (one descent of ``outbox_by_time``), +inf when
+        it is empty."""
+        row = self.conn.execute("SELECT MIN(created_at) FROM outbox").fetchone()
+        return float(row[0]) if row and row[0] is not None else math.inf
 
     def close(self) -> None:
         try:
@@ -117,13 +125,16 @@ class Writer:
                 conn.execute("BEGIN IMMEDIATE")
                 applied = self._apply_each_in_savepoint(batch, now)
             tx, results = applied
+            # every seq has its event (and outbox row): what _trim's arithmetic stands on
+            assert len(tx.events) == tx.next_seq - self.next_seq
             write_rows(conn, tx)
             write_seqs(conn, tx)
             if tx.events:
                 write_outbox(conn, tx)
+            oldest, oldest_time = self.oldest, self._oldest_time
             if tx.next_seq != self.next_seq:
                 conn.execute("UPDATE meta SET value=? WHERE key='next_seq'", (str(tx.next_seq),))
-                self._trim(tx)
+                oldest, oldest_time = self._trim(tx, min(oldest_time, now))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             try:
@@ -133,7 +144,7 @@ class Writer:
                 log.exception("rollback after a failed batch failed")
             raise StorageError(f"write failed, nothing stored: {exc}") from exc
         self.next_seq = tx.next_seq
-        self.oldest = self._oldest(self.next_seq)
+        self.oldest, self._oldest_time = oldest, oldest_time
         return BatchResult(results, tx.events, self.oldest, self.next_seq - 1)
 
     def _apply(self, batch: list[ops.AnyOp], now: float) -> tuple[Tx, list[Any]] | None:
@@ -193,14 +204,32 @@ class Writer:
                 log.exception("rollback after a failed probe failed")
             raise StorageError(f"probe write failed: {exc}") from exc
 
-    def _trim(self, tx: Tx) -> None:
-        # Trimming only ever removes a prefix of offsets, so what is retained stays contiguous:
-        # that is what lets a replaying reader detect eviction as a jump.
+    def _trim(self, tx: Tx, oldest_time: float) -> tuple[int, float]:
+        """Trim the outbox by cap and TTL; returns the new ``oldest`` and ``_oldest_time``.
+
+        Trimming only ever removes a prefix of offsets, so what is retained stays contiguous:
+        that is what lets a replaying reader detect eviction as a jump. Each trim runs only when
+        it can remove something, known without a query: every seq has its outbox row, so the
+        outbox holds exactly ``oldest..head`` (the cap trim is due when ``oldest <= head - cap``
+        and leaves ``head - cap + 1``), and ``oldest_time`` is at most the oldest ``created_at``
+        retained (the TTL trim is due only when it is older than the cutoff; after one, it is
+        read again)."""
+        conn = self.conn
         head = tx.next_seq - 1
-        self.conn.execute('DELETE FROM outbox WHERE "offset" <= ?', (head - self.outbox_cap,))
+        oldest = self.oldest
+        if oldest <= head - self.outbox_cap:
+            conn.execute('DELETE FROM outbox WHERE "offset" <= ?', (head - self.outbox_cap,))
+            oldest = head - self.outbox_cap + 1
         cutoff = tx.now - self.outbox_ttl
-        self.conn.execute(
-            'DELETE FROM outbox WHERE "offset" <= '
-            '(SELECT MAX("offset") FROM outbox INDEXED BY outbox_by_time WHERE created_at < ?)',
-            (cutoff,),
-        )
+        if oldest_time < cutoff:
+            # The newest row older than the cutoff and every offset before it (a prefix, even if
+            # the clock went back): one descent of outbox_by_time.
+            row = conn.execute(
+                'SELECT MAX("offset") FROM outbox INDEXED BY outbox_by_time WHERE created_at < ?',
+                (cutoff,),
+            ).fetchone()
+            if row[0] is not None:
+                conn.execute('DELETE FROM outbox WHERE "offset" <= ?', (row[0],))
+                oldest = row[0] + 1  # head + 1 (next_seq) when nothing is left
+            oldest_time = self._oldest_created()
+        return oldest, oldest_time
