@@ -156,3 +156,29 @@ def test_the_trims_run_only_when_due(tmp_path: Path) -> None:
     assert not [s for s in statements if "outbox" in s and "INSERT" not in s]
     assert (w.oldest, _retained(w)) == (5, [5, 6])
     w.close()
+
+
+def test_rows_insert_writes_every_row_in_few_statement_shapes(tmp_path: Path) -> None:
+    """``RowsInsert`` writes n rows, in order, as one statement per 64 rows and one per power of
+    two of the rest: seven shapes of statement whatever the batch sizes."""
+    import sqlite3
+
+    from agentik.storage.sqlite_rows import RowsInsert
+
+    conn = sqlite3.connect(str(tmp_path / "i.db"), isolation_level=None)
+    conn.execute("CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT, c BLOB)")
+    insert = RowsInsert("INSERT INTO t (a, b, c)", 3)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    start = 0
+    counts: dict[int, int] = {}
+    for n in (0, 1, 2, 3, 63, 64, 65, 100, 127, 128, 200):
+        statements.clear()
+        insert(conn, [(start + i, f"r{start + i}", bytearray(b"x")) for i in range(n)])
+        counts[n] = len(statements)
+        start += n
+    assert counts == {0: 0, 1: 1, 2: 1, 3: 2, 63: 6, 64: 1, 65: 2, 100: 3, 127: 7, 128: 2,
+                      200: 4}
+    rows = conn.execute("SELECT a, b, c FROM t ORDER BY a").fetchall()
+    assert rows == [(i, f"r{i}", b"x") for i in range(start)]
+    assert len(insert.sql) == 7
