@@ -174,7 +174,10 @@ def test_rows_insert_writes_every_row_in_few_statement_shapes(tmp_path: Path) ->
     counts: dict[int, int] = {}
     for n in (0, 1, 2, 3, 63, 64, 65, 100, 127, 128, 200):
         statements.clear()
-        insert(conn, [(start + i, f"r{start + i}", bytearray(b"x")) for i in range(n)])
+        values: list[object] = []
+        for i in range(n):
+            values += (start + i, f"r{start + i}", bytearray(b"x"))
+        insert(conn, values)
         counts[n] = len(statements)
         start += n
     assert counts == {0: 0, 1: 1, 2: 1, 3: 2, 63: 6, 64: 1, 65: 2, 100: 3, 127: 7, 128: 2,

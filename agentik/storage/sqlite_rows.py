@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import msgspec
@@ -98,10 +97,10 @@ class Tx:
     #: the seq their row must still be given (0: the row has its latest seq already). An op that
     #: sets a conversation's seq itself (a rename) sets 0 here, or an older seq would win.
     seqs: dict[str, int] = field(default_factory=dict)
-    #: rows not written yet (``write_rows``): the journal's (``journal``) and the turns'
-    #: (``pend_turn``), each table's in one ``executemany``
-    messages: list[tuple[Any, ...]] = field(default_factory=list)
-    turns: list[tuple[str, str, str]] = field(default_factory=list)
+    #: rows not written yet (``write_rows``), one flat list of values a table: the journal's
+    #: (``journal``, 6 a row) and the turns' (``pend_turn``, 3 a row)
+    messages: list[Any] = field(default_factory=list)
+    turns: list[str] = field(default_factory=list)
 
 
 def emit(
@@ -120,11 +119,13 @@ class RowsInsert:
     (a batch of n rows takes at most one statement of 64 per 64 rows and one of each power of
     two in the rest, so seven statement shapes a table stay in the connection's cache). One
     statement of 64 rows costs ~0.8 us a row less than ``executemany`` (a step, a reset and a
-    GIL release a row, in Python's sqlite3); the rows and a constraint error are the same."""
+    GIL release a row, in Python's sqlite3); the rows and a constraint error are the same.
+    The rows come as one flat list of their values (``width`` a row), sliced into parameters."""
 
     CHUNK = 64
 
     def __init__(self, head: str, width: int) -> None:
+        self.width = width
         row = "(" + ", ".join("?" * width) + ")"
         self.sql: dict[int, str] = {}
         n = self.CHUNK
@@ -132,12 +133,17 @@ class RowsInsert:
             self.sql[n] = f"{head} VALUES {', '.join([row] * n)}"
             n //= 2
 
-    def __call__(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-        i, total, chunk = 0, len(rows), self.CHUNK
+    def __call__(self, conn: sqlite3.Connection, values: list[Any]) -> None:
+        width = self.width
+        i, total, chunk = 0, len(values) // width, self.CHUNK
+        if total <= chunk and total & (total - 1) == 0:  # 0, 1, 2, 4, ... 64 rows: as they are
+            if total:
+                conn.execute(self.sql[total], values)
+            return
         while i < total:
             left = total - i
             size = chunk if left >= chunk else 1 << (left.bit_length() - 1)
-            conn.execute(self.sql[size], list(chain.from_iterable(rows[i:i + size])))
+            conn.execute(self.sql[size], values[i * width:(i + size) * width])
             i += size
 
 
@@ -152,10 +158,10 @@ def write_outbox(conn: sqlite3.Connection, tx: Tx) -> None:
     """The outbox rows of every event the transaction emitted, in one statement: an op reads no
     outbox row, so they are written together at the end of the batch (before its trim)."""
     now = tx.now
-    _insert_outbox(
-        conn,
-        [(ev.offset, ev.conversation_id, ev.kind, now, bytearray(ev.raw)) for ev in tx.events],
-    )
+    values: list[Any] = []
+    for ev in tx.events:
+        values += (ev.offset, ev.conversation_id, ev.kind, now, bytearray(ev.raw))
+    _insert_outbox(conn, values)
 
 
 _encode_into = msgspec.json.Encoder().encode_into
@@ -222,15 +228,15 @@ def journal(
     record = MessageRecord(
         id=message_id, seq=seq, conversation_id=conversation_id, created_at=tx.now, message=message
     )
-    tx.messages.append(
-        (seq, message_id, conversation_id, event_type(message), tx.now, blob(message))  # type: ignore[arg-type]
+    tx.messages += (
+        seq, message_id, conversation_id, event_type(message), tx.now, blob(message)  # type: ignore[arg-type]
     )
     return record
 
 
 def pend_turn(tx: Tx, turn_id: str, conversation_id: str, state: str) -> None:
     """A new turn's row, written by ``write_rows`` with the others."""
-    tx.turns.append((turn_id, conversation_id, state))
+    tx.turns += (turn_id, conversation_id, state)
 
 
 def write_rows(conn: sqlite3.Connection, tx: Tx) -> None:
