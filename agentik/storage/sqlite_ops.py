@@ -27,7 +27,6 @@ from agentik.storage.sqlite_rows import (
     emit,
     journal,
     not_found,
-    pend_turn,
     read_record,
     row_to_conversation,
     touch,
@@ -94,7 +93,8 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
 
 def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> MessageRecord:
     record = journal(conn, tx, op.conversation_id, op.message_id, op.message)
-    pend_turn(tx, op.message_id, op.conversation_id, "queued" if op.start is None else "running")
+    tx.turns += (op.message_id, op.conversation_id,
+                 "queued" if op.start is None else "running")  # written by write_rows
     if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
         append_memory(conn, tx, op.conversation_id, op.start, op.message_id)
     emit(tx, record.seq, op.conversation_id, UserMessageEvent(record=record),

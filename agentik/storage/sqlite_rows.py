@@ -98,7 +98,7 @@ class Tx:
     #: sets a conversation's seq itself (a rename) sets 0 here, or an older seq would win.
     seqs: dict[str, int] = field(default_factory=dict)
     #: rows not written yet (``write_rows``), one flat list of values a table: the journal's
-    #: (``journal``, 6 a row) and the turns' (``pend_turn``, 3 a row)
+    #: (``journal``, 6 a row) and the new turns' (3 a row)
     messages: list[Any] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)
 
@@ -223,20 +223,23 @@ def write_seqs(conn: sqlite3.Connection, tx: Tx) -> None:
 def journal(
     conn: sqlite3.Connection, tx: Tx, conversation_id: str, message_id: str, message: Message
 ) -> MessageRecord:
-    seq = alloc(tx)
-    bump(conn, tx, conversation_id, seq)
-    record = MessageRecord(
-        id=message_id, seq=seq, conversation_id=conversation_id, created_at=tx.now, message=message
+    """The message's record at the next seq, its row pending in ``tx.messages``. (``alloc``,
+    ``bump``'s note of a conversation already found, ``event_type`` and ``blob`` inline: this
+    runs for every message.)"""
+    seq = tx.next_seq
+    tx.next_seq = seq + 1
+    if conversation_id in tx.seqs:
+        tx.seqs[conversation_id] = seq
+    else:
+        bump(conn, tx, conversation_id, seq)
+    now = tx.now
+    payload = bytearray()
+    _encode_into(message, payload)
+    tx.messages += (seq, message_id, conversation_id, type(message).__struct_config__.tag, now,
+                    payload)
+    return MessageRecord(
+        id=message_id, seq=seq, conversation_id=conversation_id, created_at=now, message=message
     )
-    tx.messages += (
-        seq, message_id, conversation_id, event_type(message), tx.now, blob(message)  # type: ignore[arg-type]
-    )
-    return record
-
-
-def pend_turn(tx: Tx, turn_id: str, conversation_id: str, state: str) -> None:
-    """A new turn's row, written by ``write_rows`` with the others."""
-    tx.turns += (turn_id, conversation_id, state)
 
 
 def write_rows(conn: sqlite3.Connection, tx: Tx) -> None:

@@ -153,10 +153,11 @@ class Writer:
         slow: each copies every page its op touches to the statement journal first."""
         tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
         results: list[Any] = []
+        append = results.append
         conn = self.conn
         try:
             for op in batch:
-                results.append(apply_op(conn, tx, op))
+                append(apply_op(conn, tx, op))
         except AgentikError:
             return None
         return tx, results
