@@ -185,3 +185,28 @@ def test_rows_insert_writes_every_row_in_few_statement_shapes(tmp_path: Path) ->
     rows = conn.execute("SELECT a, b, c FROM t ORDER BY a").fetchall()
     assert rows == [(i, f"r{i}", b"x") for i in range(start)]
     assert len(insert.sql) == 7
+
+
+def test_oldest_is_read_back_if_a_seq_had_no_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_trim``'s sums stand on every seq having its event: a batch that ever took a seq with
+    none makes the writer read ``oldest`` back instead."""
+    from agentik.storage import sqlite_rows
+
+    w = Writer(str(tmp_path / "h.db"), synchronous="OFF", outbox_cap=3, outbox_ttl=3600)
+    w.commit_batch([_create("c"), _send("c", "m1"), _send("c", "m2")])  # 1, 2, 3
+    real = sqlite_ops._APPLY[ops.AppendUserMessage]
+
+    def holey(conn, tx, op):  # type: ignore[no-untyped-def]
+        if op.message_id == "hole":
+            sqlite_rows.alloc(tx)  # a seq, no event, no outbox row
+            return None
+        return real(conn, tx, op)
+
+    monkeypatch.setitem(sqlite_ops._APPLY, ops.AppendUserMessage, holey)
+    # 4, (5), 6, 7: the cap trims 1-4, and 5 is no row
+    w.commit_batch([_send("c", "m3"), _send("c", "hole"), _send("c", "m4"), _send("c", "m5")])
+    assert _retained(w) == [6, 7]
+    assert w.oldest == 6
+    w.close()

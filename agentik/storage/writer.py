@@ -125,8 +125,6 @@ class Writer:
                 conn.execute("BEGIN IMMEDIATE")
                 applied = self._apply_each_in_savepoint(batch, now)
             tx, results = applied
-            # every seq has its event (and outbox row): what _trim's arithmetic stands on
-            assert len(tx.events) == tx.next_seq - self.next_seq
             write_rows(conn, tx)
             write_seqs(conn, tx)
             if tx.events:
@@ -135,6 +133,8 @@ class Writer:
             if tx.next_seq != self.next_seq:
                 conn.execute("UPDATE meta SET value=? WHERE key='next_seq'", (str(tx.next_seq),))
                 oldest, oldest_time = self._trim(tx, min(oldest_time, now))
+                if len(tx.events) != tx.next_seq - self.next_seq:  # never yet: a seq with no event
+                    oldest = self._oldest(tx.next_seq)  # (then _trim's sums do not hold)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             try:
@@ -210,8 +210,9 @@ class Writer:
 
         Trimming only ever removes a prefix of offsets, so what is retained stays contiguous:
         that is what lets a replaying reader detect eviction as a jump. Each trim runs only when
-        it can remove something, known without a query: every seq has its outbox row, so the
-        outbox holds exactly ``oldest..head`` (the cap trim is due when ``oldest <= head - cap``
+        it can remove something, known without a query: every seq has its outbox row (the
+        caller reads ``oldest`` back if a batch ever broke that), so the outbox holds exactly
+        ``oldest..head`` (the cap trim is due when ``oldest <= head - cap``
         and leaves ``head - cap + 1``), and ``oldest_time`` is at most the oldest ``created_at``
         retained (the TTL trim is due only when it is older than the cutoff; after one, it is
         read again)."""
