@@ -46,6 +46,8 @@ class Flight:
     base: int | None = None
     #: landed as planned (not planned again after a failed check): a flight may follow it
     exact: bool = False
+    #: a followed flight's statement, dumped while the flight before ran (``pg_send.Dumped``)
+    dumped: Any = None
 
 
 def seed_after(p: Plan, batch: list[ops.AnyOp], after: Flight,

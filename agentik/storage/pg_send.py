@@ -18,11 +18,13 @@ from __future__ import annotations
 import re
 import select
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import psycopg
-from psycopg import pq
+from psycopg import abc, pq
+from psycopg.abc import Buffer
 from psycopg.adapt import PyFormat, Transformer
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[bs]")
@@ -42,6 +44,19 @@ def _numbered(sql: str) -> tuple[bytes, tuple[str, ...]]:
     return _PLACEHOLDER.sub(number, sql).encode(), tuple(names)
 
 
+@dataclass
+class Dumped:
+    """A statement's parameters, dumped (``Sender.dump``)."""
+
+    query: bytes
+    types: tuple[int, ...]
+    values: list[Buffer | None]
+    formats: list[pq.Format]
+    #: parameters given only when it is sent: name -> position
+    late: dict[str, int]
+    tx: abc.Transformer  # the one that dumped them
+
+
 class Sender:
     """One statement in flight at a time on ``conn`` (which is used for nothing else meanwhile).
     Made per connection: its prepared statements live and die with it."""
@@ -55,17 +70,31 @@ class Sender:
     def send(self, sql: str, args: Mapping[str, Any]) -> None:
         """Send the statement (and its Sync) without waiting for its answer. Raises
         psycopg.Error."""
-        assert not self.in_flight
+        self.send_dumped(self.dump(sql, args))
+
+    def dump(self, sql: str, args: Mapping[str, Any], late: tuple[str, ...] = ()) -> Dumped:
+        """The statement's parameters dumped, to be sent later; the ``late`` ones are given at
+        :meth:`send_dumped` (their type must not change: the statement is prepared for it). Can
+        run while another statement is in flight (it does not touch the connection)."""
         query, names = _numbered(sql)
         tx = Transformer.from_context(self._conn)
-        values = tx.dump_sequence([args[n] for n in names], [PyFormat.BINARY] * len(names))
-        types = tuple(tx.types or ())
-        name = self._prepared.get((query, types))
+        values = list(tx.dump_sequence([args[n] for n in names], [PyFormat.BINARY] * len(names)))
+        return Dumped(query, tuple(tx.types or ()), values, list(tx.formats or ()),
+                      {n: names.index(n) for n in late if n in names}, tx)
+
+    def send_dumped(self, d: Dumped, late: Mapping[str, Any] | None = None) -> None:
+        """Send a dumped statement with its ``late`` parameters. Raises psycopg.Error."""
+        assert not self.in_flight
+        values = d.values
+        for n, i in d.late.items():
+            assert late is not None
+            values[i] = d.tx.dump_sequence([late[n]], [PyFormat.BINARY])[0]
+        name = self._prepared.get((d.query, d.types))
         if name is None:
             name = f"agentik_{len(self._prepared)}".encode()
-            _check(self._pg.prepare(name, query, types), self._conn)
-            self._prepared[(query, types)] = name
-        self._pg.send_query_prepared(name, values, tx.formats)
+            _check(self._pg.prepare(name, d.query, d.types), self._conn)
+            self._prepared[(d.query, d.types)] = name
+        self._pg.send_query_prepared(name, values, d.formats)
         self.in_flight = True
         while self._pg.flush():  # the rest of the message once the socket takes it
             select.select([], [self._pg.socket], [])

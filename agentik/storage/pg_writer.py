@@ -21,6 +21,7 @@ import psycopg
 
 from agentik.errors import AgentikError, StorageError
 from agentik.storage import ops
+from agentik.storage.pg_arrays import Int8s
 from agentik.storage.pg_fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
 from agentik.storage.pg_flight import Flight, resolve, seed_after
 from agentik.storage.pg_plan import Conv, Plan, plan_op
@@ -127,7 +128,11 @@ class PgWriter:
         known = seed_after(plan, batch, after, self._known)
         if known is None:
             return None
-        return Flight(batch, plan, _planned(plan, batch, {}), known, after)
+        flight = Flight(batch, plan, _planned(plan, batch, {}), known, after)
+        # dumped now, while ``after`` runs; only the checked seqs wait for its base (launch)
+        sql, args = self._statement(flight, [(cid, 0, mx) for cid, _, mx in known])
+        flight.dumped = self._sender.dump(sql, args, late=("k_seq",))
+        return flight
 
     def launch(self, flight: Flight) -> bool:
         """Send a followed flight once the flight it followed has landed; False (nothing sent)
@@ -135,10 +140,10 @@ class PgWriter:
         after = flight.after
         if after is None or not after.exact:
             return False
-        flight.known = resolve(flight.known, after)  # type: ignore[assignment]
+        flight.known = known = resolve(flight.known, after)  # type: ignore[assignment]
         flight.after = None
         try:
-            self._send(flight)
+            self._sender.send_dumped(flight.dumped, {"k_seq": Int8s(k[1] for k in known)})
         except psycopg.Error as exc:
             self._known.clear()
             raise StorageError(f"write failed, nothing stored: {exc}") from exc
@@ -278,11 +283,14 @@ class PgWriter:
         return used
 
     def _send(self, flight: Flight) -> None:
+        self._sender.send(*self._statement(flight, flight.known))  # type: ignore[arg-type]
+
+    def _statement(self, flight: Flight, known: list[tuple[str, int, int]]
+                   ) -> tuple[str, dict[str, Any]]:
         p = flight.plan
-        sql, args = commit_statement(p, ownership(p, self.leases), channel=self.channel,
-                                     outbox_cap=self.outbox_cap, outbox_ttl=self.outbox_ttl,
-                                     known=flight.known)  # type: ignore[arg-type]
-        self._sender.send(sql, args)
+        return commit_statement(p, ownership(p, self.leases), channel=self.channel,
+                                outbox_cap=self.outbox_cap, outbox_ttl=self.outbox_ttl,
+                                known=known)
 
     def _base(self, p: Plan, row: tuple[bytes | None, ...] | None) -> int | None:
         """The head before batch ``p`` from its statement's answer, or None when a check failed
