@@ -135,6 +135,35 @@ def _statements_only_events_per_s(url: str, *, batch: int, batches: int) -> floa
         writer.close()
 
 
+def _writer_only_events_per_s(url: str, *, batch: int, batches: int) -> float:
+    """agentik's PostgreSQL writer alone, fed ``batches`` batches of ``batch`` user messages back
+    to back through its steps as the writer thread drives it (batch k+1 planned while k runs,
+    sent when k's answer is in, k stamped after), in one thread with no trio actor, no writer
+    tasks and no feed: the engine's own rate (planning, statement, stamping)."""
+    from agentik.storage.pg_writer import PgWriter
+
+    writer = PgWriter(url, outbox_cap=100_000, outbox_ttl=7 * 24 * 3600.0)
+    try:
+        writer.commit_batch([ops.CreateConversation(conversation_id="c", title=None,
+                                                    is_temporal=False, system_prompt="s")])
+        message = UserMessage(content=[Text(body="x" * 200)])
+        work = [[ops.AppendUserMessage(conversation_id="c", message_id=new_id(), message=message)
+                 for _ in range(batch)] for _ in range(batches)]
+        start = time.perf_counter()
+        flight = writer.begin(work[0])
+        for ops_ in [*work[1:], None]:
+            ahead = writer.follow(ops_, flight) if ops_ is not None else None
+            writer.land(flight)
+            if ahead is not None and not writer.launch(ahead):
+                ahead = writer.begin(ops_)  # type: ignore[arg-type]
+            writer.result(flight)
+            if ahead is not None:
+                flight = ahead
+        return batch * batches / (time.perf_counter() - start)
+    finally:
+        writer.close()
+
+
 async def pg_group_commit(quick: bool) -> dict[str, Any]:
     """Durable events/s through the PostgreSQL StorageActor (each event: a journal row, an outbox
     row, a turn row and the conversation's seq, in the one-statement commit that bumps the
@@ -143,7 +172,9 @@ async def pg_group_commit(quick: bool) -> dict[str, Any]:
     ``max_batch=100``) vs one commit per event (``max_batch=1``, 64 writers), and in the same run
     the plain psycopg loop of ../shared/SCALEOUT.md at batch 100: its event shape (journal +
     outbox row, ~230 bytes) and this benchmark's rows (no planning, no actor, no feed), and
-    agentik's own commit statements for batches of 100 run back to back (the database's share)."""
+    agentik's own commit statements for batches of 100 run back to back (the database's share),
+    and agentik's writer alone at batch 100 (the engine's share: planning, statement, stamping,
+    pipelined as the writer thread runs it, without the actor around it)."""
     per_writer = 25 if quick else 100
     batches = 50 if quick else 200
     with pg_schema() as url:
@@ -164,6 +195,9 @@ async def pg_group_commit(quick: bool) -> dict[str, Any]:
     with pg_schema() as url:
         statements = await trio.to_thread.run_sync(
             partial(_statements_only_events_per_s, url, batch=100, batches=batches))
+    with pg_schema() as url:
+        writer_only = await trio.to_thread.run_sync(
+            partial(_writer_only_events_per_s, url, batch=100, batches=batches))
     return {
         "name": "pg_group_commit",
         "events_per_s": round(grouped),
@@ -174,6 +208,7 @@ async def pg_group_commit(quick: bool) -> dict[str, Any]:
         "plain_batch100_events_per_s": round(plain),
         "plain_same_rows_batch100_events_per_s": round(plain_same),
         "statements_only_batch100_events_per_s": round(statements),
+        "writer_only_batch100_events_per_s": round(writer_only),
     }
 
 
