@@ -13,16 +13,7 @@ from agentik.errors import StorageError
 from agentik.storage import ops, sqlite_ops
 from agentik.storage.writer import Writer
 from agentik.wire import Text, UserItem, UserMessage, decode_common_event, encode
-
-
-def _create(cid: str) -> ops.CreateConversation:
-    return ops.CreateConversation(conversation_id=cid, title=None, is_temporal=False,
-                                  system_prompt="s")
-
-
-def _send(cid: str, mid: str) -> ops.AppendUserMessage:
-    return ops.AppendUserMessage(conversation_id=cid, message_id=mid,
-                                 message=UserMessage(content=[Text(body=mid)]))
+from tests.test_storage_batch import _create, _send
 
 
 def test_every_op_has_its_function() -> None:
