@@ -154,8 +154,8 @@ def _writer_only_events_per_s(url: str, *, batch: int, batches: int) -> float:
         for ops_ in [*work[1:], None]:
             ahead = writer.follow(ops_, flight) if ops_ is not None else None
             writer.land(flight)
-            if ahead is not None and not writer.launch(ahead):
-                ahead = writer.begin(ops_)  # type: ignore[arg-type]
+            if ops_ is not None and (ahead is None or not writer.launch(ahead)):
+                ahead = writer.begin(ops_)  # every batch is stored: planned again if need be
             writer.result(flight)
             if ahead is not None:
                 flight = ahead

@@ -180,16 +180,14 @@ class Committer:
         stop = False
         while not (stop or self._stopping):
             batch, probes, stop = self._take()
-            if not batch and not probes:
+            if not batch:
+                if probes:
+                    self._probe(probes)
                 continue
             started = time.perf_counter()
             result: Any
             try:
-                if batch:
-                    result = self._writer.commit_batch([r.op for r in batch])  # type: ignore[misc]
-                else:
-                    probe_write(self._writer)
-                    result = None
+                result = self._writer.commit_batch([r.op for r in batch])  # type: ignore[misc]
             except BaseException as exc:  # posted: the actor answers with it
                 result = exc
             self._post(Outcome(batch, result, time.perf_counter() - started, probes))
