@@ -98,6 +98,9 @@ class Config:
     node_id: str = ""
     #: seconds a node's conversation leases live without a heartbeat
     lease_ttl: float = 10.0
+    #: seconds a database statement may run or wait for a lock before it fails (PostgreSQL:
+    #: statement and lock timeouts, and the longest wait for an answer; SQLite: busy timeout)
+    db_timeout: float = 10.0
     #: this node's base URL as other nodes reach it (commands for its conversations are forwarded)
     node_url: str | None = None
 
@@ -159,6 +162,7 @@ class Config:
         get("AGENTIK_DATABASE_URL", "database_url", _postgres_url)
         get("AGENTIK_NODE_ID", "node_id", str)
         get("AGENTIK_LEASE_TTL", "lease_ttl", _positive_float)
+        get("AGENTIK_DB_TIMEOUT", "db_timeout", _positive_float)
         get("AGENTIK_NODE_URL", "node_url", _url)
         return cls(**kw)
 

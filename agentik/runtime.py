@@ -120,6 +120,7 @@ async def _run_storage(
             node_id=config.node_id,
             lease_ttl=config.lease_ttl,
             node_url=config.node_url,
+            db_timeout=config.db_timeout,
             synchronous=config.sqlite_synchronous,
             outbox_cap=config.outbox_cap,
             outbox_ttl=config.outbox_ttl,

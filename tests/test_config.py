@@ -37,6 +37,7 @@ EVERY_VARIABLE = {
     "AGENTIK_AGENT_DESCRIPTION": "answers questions",
     "AGENTIK_DATABASE_URL": "postgresql://u@h/db", "AGENTIK_NODE_ID": "n1",
     "AGENTIK_LEASE_TTL": "2.5", "AGENTIK_NODE_URL": "http://10.0.0.1:8080",
+    "AGENTIK_DB_TIMEOUT": "4.5",
     "AGENTIK_CORS_ORIGINS": "https://a.example/, http://b.example:3000",
     "AGENTIK_BUSY_POLICY": "Reject", "AGENTIK_IDEMPOTENCY_TTL": "60", "AGENTIK_LOG_FORMAT": "json",
 }
@@ -69,7 +70,7 @@ def test_reads_every_variable() -> None:
     assert cfg.mcp_config == "/mcp.json" and cfg.tokens == ("a", "b", "c")
     assert (cfg.outbox_cap, cfg.outbox_ttl, cfg.idle_timeout, cfg.mailbox_size) == (10, 60.0, 1.5, 3)
     assert (cfg.tool_timeout, cfg.tool_result_cap, cfg.max_tool_rounds) == (2.5, 1000, 4)
-    assert cfg.sqlite_synchronous == "NORMAL"
+    assert cfg.sqlite_synchronous == "NORMAL" and cfg.db_timeout == 4.5
     assert (cfg.max_batch, cfg.subscriber_buffer) == (64, 128)
     assert (cfg.restart_limit, cfg.restart_period, cfg.max_body_bytes) == (9, 30.0, 2048)
     assert (cfg.max_output_tokens, cfg.summary_max_tokens) == (512, 128)

@@ -42,6 +42,7 @@ from agentik.storage.committer import PROBE, Committer, Done, Outcome, Request
 from agentik.storage.engine import ReaderEngine, WriterEngine, is_transient
 from agentik.storage.health import RETRY, Backoff, StorageHealth, retry_until_stored
 from agentik.storage.hub import EventHub
+from agentik.storage.pg_connect import DEFAULT_TIMEOUT
 from agentik.storage.queries import Reader
 from agentik.storage.writer import Writer
 
@@ -157,6 +158,7 @@ async def run_storage(
     node_id: str = "",
     lease_ttl: float = 10.0,
     node_url: str | None = None,
+    db_timeout: float = DEFAULT_TIMEOUT,
     synchronous: str = "FULL",
     outbox_cap: int = 100_000,
     outbox_ttl: float = 7 * 24 * 3600.0,
@@ -170,18 +172,18 @@ async def run_storage(
     the database is open and migrated. Raises StorageError if the database cannot be opened.
     ``database_url`` (``postgresql://…``) selects PostgreSQL instead of the SQLite file ``path``;
     the node then holds conversation leases as ``node_id`` (TTL ``lease_ttl``), advertising
-    ``node_url`` for commands forwarded to it.
+    ``node_url`` for commands forwarded to it. ``db_timeout``: AGENTIK_DB_TIMEOUT (``pg_connect``).
     ``clock`` is the writer's clock: every stored time comes from it, once per batch."""
     if database_url is not None:
         engines = await _open_postgres(database_url, node_id=node_id, lease_ttl=lease_ttl,
                                        node_url=node_url, outbox_cap=outbox_cap,
-                                       outbox_ttl=outbox_ttl, clock=clock)
+                                       outbox_ttl=outbox_ttl, clock=clock, db_timeout=db_timeout)
     else:
         sqlite = await trio.to_thread.run_sync(
             lambda: Writer(path, synchronous=synchronous, outbox_cap=outbox_cap,
-                           outbox_ttl=outbox_ttl, clock=clock)
+                           outbox_ttl=outbox_ttl, clock=clock, busy_timeout=db_timeout)
         )
-        engines = _Engines(sqlite, Reader(path))
+        engines = _Engines(sqlite, Reader(path, busy_timeout=db_timeout))
     writer, reader = engines.writer, engines.reader
     hub = EventHub(
         epoch=writer.epoch, head=writer.next_seq - 1, oldest=writer.oldest, reader=reader,
@@ -247,16 +249,17 @@ class _Engines:
 
 async def _open_postgres(
     url: str, *, node_id: str, lease_ttl: float, node_url: str | None, outbox_cap: int,
-    outbox_ttl: float, clock: Callable[[], float],
+    outbox_ttl: float, clock: Callable[[], float], db_timeout: float,
 ) -> _Engines:
     from agentik.storage.pg_lease import Leases
     from agentik.storage.pg_reader import PgReader
     from agentik.storage.pg_writer import PgWriter
 
     pg_writer = await trio.to_thread.run_sync(
-        lambda: PgWriter(url, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl, clock=clock)
+        lambda: PgWriter(url, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl, clock=clock,
+                         timeout=db_timeout)
     )
-    pg_reader = PgReader(url)
+    pg_reader = PgReader(url, timeout=db_timeout)
     try:
         await trio.to_thread.run_sync(pg_reader.open)
     except BaseException:
@@ -282,7 +285,7 @@ async def _start_node(nursery: trio.Nursery, storage: Storage, engines: _Engines
     leases.write = storage.write
     await nursery.start(leases.run)
     relay = storage.online = OnlineRelay(
-        url, channel("o_" + pg_writer.schema), leases.node_id, hub)
+        url, channel("o_" + pg_writer.schema), leases.node_id, hub, timeout=pg_writer.timeout)
     hub.online_tap = relay.tap
     await nursery.start(relay.run)
     return feed

@@ -259,8 +259,8 @@ class Committer:
         self._drain_wakeups()
         if self._carry or not self._queue.empty():
             return True
-        try:
-            ready, _, _ = select.select([w.socket(), self._wake_r], [], [])
+        try:  # bounded like the answer itself (``pg_connect``): landing then says it is late
+            ready, _, _ = select.select([w.socket(), self._wake_r], [], [], w.answer_remaining())
         except Exception:  # a broken connection: landing the statement says so
             return False
         return self._wake_r in ready

@@ -25,6 +25,7 @@ import trio
 
 from agentik import metrics
 from agentik.storage.hub import EventHub
+from agentik.storage.pg_connect import DEFAULT_TIMEOUT
 from agentik.storage.pg_listen import listen
 from agentik.storage.pg_reader import PgReader
 from agentik.storage.writer import StoredEvent
@@ -142,6 +143,7 @@ class Feed:
         lost), every notification from another node's writer too."""
         await listen(self.url, self.channel, self._notified, name="feed listener",
                      on_connect=self._connected, on_disconnect=self._disconnected,
+                     db_timeout=getattr(self.writer, "timeout", DEFAULT_TIMEOUT),
                      task_status=task_status)
 
     def _connected(self, pid: int) -> None:

@@ -31,6 +31,7 @@ import trio
 from agentik import metrics
 from agentik.errors import LeaseLostError, NotOwnerError, StorageError
 from agentik.storage import ops
+from agentik.storage.pg_connect import connect
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ class Leases:
     def _sync(self, sql: str, args: dict[str, Any], conn_box: list[Any]) -> list[tuple[Any, ...]]:
         conn = conn_box[0]
         if conn is None or conn.closed or conn.broken:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.ttl)))
+            # a lease statement that takes longer than the lease itself is of no use
+            conn = connect(self.url, timeout=self.ttl)
             conn_box[0] = conn
         cur = conn.execute(sql, args)
         return cur.fetchall() if cur.description is not None else []

@@ -17,6 +17,8 @@ import trio
 import trio.lowlevel
 from psycopg import sql
 
+from agentik.storage.pg_connect import DEFAULT_TIMEOUT, connect
+
 log = logging.getLogger(__name__)
 
 
@@ -28,6 +30,7 @@ async def listen(
     name: str,
     on_connect: Callable[[int], None] | None = None,
     on_disconnect: Callable[[], None] | None = None,
+    db_timeout: float = DEFAULT_TIMEOUT,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``channel`` until cancelled. ``on_notify`` gets each read's notifications,
@@ -39,7 +42,7 @@ async def listen(
     while True:
         conn: psycopg.Connection[Any] | None = None
         try:
-            conn = await trio.to_thread.run_sync(_connect, url, channel)
+            conn = await trio.to_thread.run_sync(_connect, url, channel, db_timeout)
             backoff = 0.1
             if on_connect is not None:
                 on_connect(conn.info.backend_pid)
@@ -69,7 +72,7 @@ async def listen(
         backoff = min(backoff * 2, 2.0)
 
 
-def _connect(url: str, channel: str) -> psycopg.Connection[Any]:
-    conn = psycopg.connect(url, autocommit=True)
+def _connect(url: str, channel: str, timeout: float) -> psycopg.Connection[Any]:
+    conn = connect(url, timeout=timeout)
     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
     return conn

@@ -18,6 +18,7 @@ import psycopg
 import trio
 
 from agentik.storage.hub import EventHub
+from agentik.storage.pg_connect import DEFAULT_TIMEOUT, connect
 from agentik.storage.pg_listen import listen
 from agentik.wire import CommonEvent, OnlineEvent, decode_common_event, encode
 
@@ -29,8 +30,11 @@ QUEUE = 10_000
 
 
 class OnlineRelay:
-    def __init__(self, url: str, channel: str, node_id: str, hub: EventHub) -> None:
+    def __init__(self, url: str, channel: str, node_id: str, hub: EventHub,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
         self.url = url
+        #: AGENTIK_DB_TIMEOUT (``pg_connect``)
+        self.timeout = timeout
         self.channel = channel
         self.node_id = node_id
         self.hub = hub
@@ -90,13 +94,13 @@ class OnlineRelay:
 
     def _notify(self, conn: psycopg.Connection[Any] | None, payload: str) -> psycopg.Connection[Any]:
         if conn is None or conn.closed or conn.broken:
-            conn = psycopg.connect(self.url, autocommit=True)
+            conn = connect(self.url, timeout=self.timeout)
         conn.execute("SELECT pg_notify(%s, %s)", (self.channel, payload))
         return conn
 
     async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await listen(self.url, self.channel, self._received, name="online listener",
-                     task_status=task_status)
+                     db_timeout=self.timeout, task_status=task_status)
 
     def _received(self, notes: list[Any]) -> None:
         for note in notes:

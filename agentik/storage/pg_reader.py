@@ -10,6 +10,7 @@ the cursor and the record before the event is handed out.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
@@ -18,6 +19,7 @@ import psycopg_pool
 import trio
 
 from agentik.errors import StorageError
+from agentik.storage.pg_connect import DEFAULT_TIMEOUT, connect_kwargs, set_limits
 from agentik.storage.writer import StoredEvent
 from agentik.wire import CommonEvent, Created, Cursor, decode_common_event, encode
 
@@ -88,10 +90,13 @@ def outbox_page(
 class PgReader:
     """The PostgreSQL :class:`~agentik.storage.engine.ReaderEngine`."""
 
-    def __init__(self, url: str, max_connections: int = 4) -> None:
+    def __init__(self, url: str, max_connections: int = 4,
+                 timeout: float = DEFAULT_TIMEOUT) -> None:
         self._limiter = trio.CapacityLimiter(max_connections)
         self.pool = psycopg_pool.ConnectionPool(
-            url, min_size=1, max_size=max_connections, kwargs={"autocommit": True}, open=False,
+            url, min_size=1, max_size=max_connections, open=False,
+            connection_class=psycopg.Connection, kwargs=connect_kwargs(timeout),
+            configure=partial(set_limits, timeout=timeout),
             check=psycopg_pool.ConnectionPool.check_connection,
         )
 

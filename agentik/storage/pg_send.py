@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import select
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -61,11 +62,16 @@ class Sender:
     """One statement in flight at a time on ``conn`` (which is used for nothing else meanwhile).
     Made per connection: its prepared statements live and die with it."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], answer_within: float | None = None) -> None:
         self._conn = conn
         self._pg = conn.pgconn
         self._prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self.in_flight = False
+        #: seconds without any answer before the server is taken for gone (None: wait forever);
+        #: the connection is then closed (``pg_connect``)
+        self.answer_within = answer_within
+        #: time.monotonic() when the statement in flight was sent
+        self._sent_at = 0.0
 
     def send(self, sql: str, args: Mapping[str, Any]) -> None:
         """Send the statement (and its Sync) without waiting for its answer. Raises
@@ -90,28 +96,37 @@ class Sender:
             assert late is not None
             values[i] = d.tx.dump_sequence([late[n]], [PyFormat.BINARY])[0]
         name = self._prepared.get((d.query, d.types))
-        if name is None:
-            name = f"agentik_{len(self._prepared)}".encode()
-            _check(self._pg.prepare(name, d.query, d.types), self._conn)
-            self._prepared[(d.query, d.types)] = name
-        self._pg.send_query_prepared(name, values, d.formats)
-        self.in_flight = True
-        while self._pg.flush():  # the rest of the message once the socket takes it
-            select.select([], [self._pg.socket], [])
+        try:
+            if name is None:
+                # asynchronously too: libpq's own PQprepare would wait for a server that
+                # stopped answering without any limit
+                name = f"agentik_{len(self._prepared)}".encode()
+                self.in_flight = True
+                self._sent_at = time.monotonic()
+                self._pg.send_prepare(name, d.query, d.types)
+                self._flush()
+                for res in self._results():
+                    _check(res, self._conn)
+                self._prepared[(d.query, d.types)] = name
+            self._pg.send_query_prepared(name, values, d.formats)
+            self.in_flight = True
+            self._sent_at = time.monotonic()
+            self._flush()
+        except OSError as exc:  # the socket itself failed
+            self.in_flight = False
+            raise psycopg.OperationalError(f"connection lost: {exc}") from exc
+        except BaseException:
+            self.in_flight = False
+            raise
 
     def wait(self) -> tuple[bytes | None, ...] | None:
         """The first row of the statement's answer (text values), or None when it returned no
         row. Raises psycopg.Error (the statement failed, or the connection did)."""
         assert self.in_flight
-        pg = self._pg
         try:
-            pg.consume_input()
-            while pg.is_busy():
-                select.select([pg.socket], [], [])
-                pg.consume_input()
             row: tuple[bytes | None, ...] | None = None
             error: psycopg.Error | None = None
-            while (res := pg.get_result()) is not None:
+            for res in self._results():
                 if res.status == pq.ExecStatus.TUPLES_OK:
                     if res.ntuples:
                         row = tuple(res.get_value(0, i) for i in range(res.nfields))
@@ -124,6 +139,41 @@ class Sender:
             raise psycopg.OperationalError(f"connection lost: {exc}") from exc
         finally:
             self.in_flight = False
+
+    def _flush(self) -> None:
+        while self._pg.flush():  # the rest of the message once the socket takes it
+            self._select([], [self._pg.socket])
+
+    def _results(self) -> list[pq.abc.PGresult]:
+        """Every result of what was sent, once the server has answered all of it (bounded)."""
+        pg = self._pg
+        pg.consume_input()
+        while pg.is_busy():
+            self._select([pg.socket], [])
+            pg.consume_input()
+        out = []
+        while (res := pg.get_result()) is not None:
+            out.append(res)
+        self.in_flight = False
+        return out
+
+    def remaining(self) -> float | None:
+        """Seconds left for the statement in flight to answer (None: no limit)."""
+        if self.answer_within is None:
+            return None
+        return max(0.0, self._sent_at + self.answer_within - time.monotonic())
+
+    def _select(self, read: list[int], write: list[int]) -> None:
+        """Wait until the socket is ready, until ``answer_within`` seconds after the statement
+        was sent; after that the server is taken for gone: the connection is closed and
+        OperationalError raised (a statement already sent may still commit on the server: its
+        outcome is unknown)."""
+        ready = select.select(read, write, [], self.remaining())
+        if not (ready[0] or ready[1]):
+            self._conn.close()
+            raise psycopg.OperationalError(
+                f"the database did not answer within {self.answer_within:g} s; the connection "
+                "was dropped (whether the statement in flight committed is unknown)")
 
 
 def _error(res: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> psycopg.Error:

@@ -22,6 +22,7 @@ import psycopg
 from agentik.errors import AgentikError, StorageError
 from agentik.storage import ops
 from agentik.storage.pg_arrays import Int8s
+from agentik.storage.pg_connect import DEFAULT_TIMEOUT, answer_within, connect, set_limits
 from agentik.storage.pg_fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
 from agentik.storage.pg_flight import Flight, resolve, seed_after
 from agentik.storage.pg_plan import Conv, Plan, plan_op
@@ -56,9 +57,11 @@ class PgWriter:
 
     def __init__(
         self, url: str, *, outbox_cap: int, outbox_ttl: float,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.url = url
+        #: AGENTIK_DB_TIMEOUT (``pg_connect``)
+        self.timeout = timeout
         self.clock = clock
         self.outbox_cap = outbox_cap
         self.outbox_ttl = outbox_ttl
@@ -69,8 +72,9 @@ class PgWriter:
         #: one changed meanwhile by anybody makes the batch be planned again from a read)
         self._known: dict[str, Conv] = {}
         try:
-            self.conn = self._connect()
+            self.conn = self._connect(limits=False)
             self.schema = migrate(self.conn)
+            set_limits(self.conn, timeout)
             row = self.conn.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
             assert row is not None
             self.epoch = str(row[0])
@@ -83,12 +87,16 @@ class PgWriter:
         self.next_seq = int(head) + 1
         self.oldest = int(lo) if lo is not None else self.next_seq
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(self.url, autocommit=True)
+    def _connect(self, limits: bool = True) -> psycopg.Connection[Any]:
+        conn = connect(self.url, timeout=self.timeout, limits=limits)
         #: the server process of this connection: the sender of this node's NOTIFYs
         self.backend_pid = conn.info.backend_pid
-        self._sender = Sender(conn)
+        self._sender = Sender(conn, answer_within(self.timeout))
         return conn
+
+    def answer_remaining(self) -> float | None:
+        """Seconds the statement in flight has left to answer before it is given up."""
+        return self._sender.remaining()
 
     def socket(self) -> int:
         """The connection's socket: readable once the statement in flight has its answer."""

@@ -252,8 +252,9 @@ class Reader:
     cannot take every worker thread.
     """
 
-    def __init__(self, path: str, max_connections: int = 4) -> None:
+    def __init__(self, path: str, max_connections: int = 4, busy_timeout: float = 10.0) -> None:
         self.path = path
+        self.busy_timeout = busy_timeout
         self._pool: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._limiter = trio.CapacityLimiter(max_connections)
@@ -263,7 +264,7 @@ class Reader:
         with self._lock:
             if self._pool:
                 return self._pool.pop()
-        return open_connection(self.path, readonly=True)
+        return open_connection(self.path, readonly=True, busy_timeout=self.busy_timeout)
 
     def _release(self, conn: sqlite3.Connection) -> None:
         with self._lock:

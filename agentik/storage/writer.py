@@ -40,7 +40,8 @@ class BatchResult:
     head: int
 
 
-def open_connection(path: str, *, synchronous: str = "FULL", readonly: bool = False) -> sqlite3.Connection:
+def open_connection(path: str, *, synchronous: str = "FULL", readonly: bool = False,
+                    busy_timeout: float = 10.0) -> sqlite3.Connection:
     """Open a connection with agentik's pragmas. Raises sqlite3.Error."""
     if readonly:
         conn = sqlite3.connect(
@@ -48,7 +49,8 @@ def open_connection(path: str, *, synchronous: str = "FULL", readonly: bool = Fa
         )
     else:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout = 10000")
+    # AGENTIK_DB_TIMEOUT: how long a statement waits for another process's lock on the file
+    conn.execute(f"PRAGMA busy_timeout = {max(1, round(busy_timeout * 1000))}")
     if not readonly:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
@@ -69,6 +71,7 @@ class Writer:
         outbox_cap: int,
         outbox_ttl: float,
         clock: Callable[[], float] = time.time,
+        busy_timeout: float = 10.0,
     ) -> None:
         #: the one clock of every stored time (created_at, updated_at, outbox TTL)
         self.clock = clock
@@ -76,7 +79,7 @@ class Writer:
         self.outbox_ttl = outbox_ttl
         self._lock = lock_database(path)
         try:
-            self.conn = open_connection(path, synchronous=synchronous)
+            self.conn = open_connection(path, synchronous=synchronous, busy_timeout=busy_timeout)
             migrate(self.conn)
             self.epoch = self._meta("epoch")
             self.next_seq = int(self._meta("next_seq"))
