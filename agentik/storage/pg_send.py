@@ -173,7 +173,7 @@ class Sender:
             self._conn.close()
             raise psycopg.OperationalError(
                 f"the database did not answer within {self.answer_within:g} s; the connection "
-                "was dropped (whether the statement in flight committed is unknown)")
+                "was dropped")
 
 
 def _error(res: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> psycopg.Error:

@@ -181,7 +181,10 @@ class PgWriter:
                 base = self._base(flight.plan, self._sender.wait())
         except psycopg.Error as exc:
             self._known.clear()  # committed or not: unknown
-            raise StorageError(f"write failed, nothing stored: {exc}") from exc
+            # the server's own error (it has a SQLSTATE) rolled the statement back; a connection
+            # that failed with it in flight leaves its outcome unknown
+            stored = "nothing stored" if exc.sqlstate else "whether it was stored is unknown"
+            raise StorageError(f"write failed, {stored}: {exc}") from exc
         flight.base, flight.exact = base, exact
         self._remember(flight.plan, base)
         self.next_seq = base + flight.plan.n + 1
