@@ -11,24 +11,26 @@ import sqlite3
 import time
 from pathlib import Path
 
+import msgspec
 import psycopg
 import pytest
 import trio
 
 from agentik.errors import StorageUnavailableError
+from agentik.storage import ops
 from agentik.storage import queries as q
 from agentik.storage.actor import Storage
 from tests.test_pg_cluster import create, node, send
 
 
 async def _refused_then_back(st: Storage, cid: str, release: object, *, within: float,
-                             match: str) -> None:
+                             match: str, late: ops.AnyOp | None = None) -> None:
     """A write fails with StorageUnavailableError matching ``match`` in ``within`` seconds and the
     store is reported refusing; after ``release()`` the probe makes it writable again with no
     write, and the next write is stored."""
     started = time.monotonic()
     with trio.fail_after(within + 10), pytest.raises(StorageUnavailableError, match=match):
-        await st.write(send(cid, "late"))
+        await st.write(late or send(cid, "late"))
     assert time.monotonic() - started < within + 5
     assert not st.health.writable and st.health.error is not None
     assert re.search(match, st.health.error)  # /readyz reports the reason
@@ -54,15 +56,16 @@ async def test_pg_a_lock_held_by_another_session_fails_the_write_after_the_timeo
         assert await a.reader.run(q.journal_count, "c1", 0) == 1
 
 
-@pytest.mark.parametrize("prepared", [False, True])
+@pytest.mark.parametrize("waiting", ["prepare", "commit", "read"])
 async def test_pg_a_server_that_stops_answering_fails_the_write_and_is_dropped(
-        pg_url: str, prepared: bool) -> None:
-    """A stopped server process runs no statement timer: the writer gives up on its answer.
-    Not ``prepared``: the statement's PREPARE is what waits (nothing of the batch was sent);
-    ``prepared``: the commit itself is in flight, so its outcome is unknown."""
+        pg_url: str, waiting: str) -> None:
+    """A stopped server process runs no statement timer: the writer gives up on its answer,
+    whatever it waits for: the statement's PREPARE (nothing of the batch was sent), the commit
+    itself (its outcome is then unknown), or a read the batch needs first (an Idempotency-Key)."""
+    prepared = waiting == "commit"
     async with node(pg_url, db_timeout=1.0) as a:
         await create(a, "c1")
-        if prepared:
+        if waiting != "prepare":
             await a.write(send("c1", "m0"))  # the same statement, prepared on this connection
         backend = a.feed.writer.backend_pid  # type: ignore[union-attr]
         os.kill(backend, signal.SIGSTOP)
@@ -74,9 +77,13 @@ async def test_pg_a_server_that_stops_answering_fails_the_write_and_is_dropped(
             resumed = True
 
         match = "whether it was stored is unknown" if prepared else "nothing stored"
+        late = send("c1", "late")
+        if waiting == "read":
+            late = msgspec.structs.replace(late, idempotency=ops.Idempotency(
+                key="k1", fingerprint="f", ttl=3600.0))
         try:
             # twice the timeout without an answer (pg_connect.answer_within), then given up
-            await _refused_then_back(a, "c1", resume, within=2.0,
+            await _refused_then_back(a, "c1", resume, within=2.0, late=late,
                                      match=match + ": the database did not answer within 2 s")
         finally:
             if not resumed:
@@ -86,7 +93,7 @@ async def test_pg_a_server_that_stops_answering_fails_the_write_and_is_dropped(
         if prepared:  # the stopped statement may commit once resumed: stored once at most
             assert count - 2 in (0, 1)
         else:
-            assert count == 1
+            assert count == (1 if waiting == "prepare" else 2)
 
 
 async def test_sqlite_another_process_holding_the_file_lock_fails_the_write(

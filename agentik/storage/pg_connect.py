@@ -14,8 +14,8 @@ connection gets, from ``AGENTIK_DB_TIMEOUT`` (``timeout``):
 - the writer's commit statement is also waited for at most :func:`answer_within` on the client
   side (``pg_send``): a server that stopped answering altogether (a frozen host) runs no timer of
   its own. The connection is then dropped, and whether that statement committed is unknown.
-  (The writer's reads, and the readers', wait without such a client-side bound: a server
-  process that is stopped while its host and TCP stay up holds them until it runs again.)
+  Every other wait on a connection made here (reads, lease statements) is bounded the same way
+  (:class:`Connection`).
 
 Schema migrations run before the limits are set (``limits=False``): a migration of a large table
 may take longer than a statement should, and it runs once, at start-up.
@@ -32,9 +32,33 @@ import psycopg
 DEFAULT_TIMEOUT = 10.0
 
 
-def connect(url: str, *, timeout: float, limits: bool = True) -> psycopg.Connection[Any]:
+#: what psycopg's waits raise when their timeout expires (internal to psycopg, an
+#: OperationalError; looked up so a psycopg without it only loses the client-side bound)
+_WAIT_TIMEOUT: Any = getattr(psycopg.errors, "_WaitTimeout", ())
+
+
+class Connection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait for the server (``execute``, ``fetch*``, commits)
+    lasts at most ``answer_within`` seconds: then the connection is closed and OperationalError
+    raised, as for a connection that broke."""
+
+    answer_within: float | None = None
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) < 2 and "timeout" not in kwargs:
+            kwargs["timeout"] = self.answer_within
+        try:
+            return super().wait(gen, *args, **kwargs)
+        except _WAIT_TIMEOUT:
+            self.close()
+            raise psycopg.OperationalError(
+                f"the database did not answer within {self.answer_within:g} s; the connection "
+                "was dropped") from None
+
+
+def connect(url: str, *, timeout: float, limits: bool = True) -> Connection:
     """An autocommit connection to ``url`` with agentik's time limits. Raises psycopg.Error."""
-    conn = psycopg.connect(url, **connect_kwargs(timeout))
+    conn = Connection.connect(url, **connect_kwargs(timeout))
     if limits:
         try:
             set_limits(conn, timeout)
@@ -58,7 +82,10 @@ def connect_kwargs(timeout: float) -> dict[str, Any]:
 
 
 def set_limits(conn: psycopg.Connection[Any], timeout: float) -> None:
-    """``statement_timeout`` and ``lock_timeout`` of ``conn``'s session (autocommit: they stay)."""
+    """``statement_timeout`` and ``lock_timeout`` of ``conn``'s session (autocommit: they stay),
+    and the client-side bound of a :class:`Connection`'s waits."""
+    if isinstance(conn, Connection):
+        conn.answer_within = answer_within(timeout)
     ms = max(1, round(timeout * 1000))  # an int: nothing of the caller's reaches the SQL text
     conn.execute(f"SET statement_timeout = {ms}")
     conn.execute(f"SET lock_timeout = {ms}")

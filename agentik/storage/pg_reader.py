@@ -19,7 +19,7 @@ import psycopg_pool
 import trio
 
 from agentik.errors import StorageError
-from agentik.storage.pg_connect import DEFAULT_TIMEOUT, connect_kwargs, set_limits
+from agentik.storage.pg_connect import DEFAULT_TIMEOUT, Connection, connect_kwargs, set_limits
 from agentik.storage.writer import StoredEvent
 from agentik.wire import CommonEvent, Created, Cursor, decode_common_event, encode
 
@@ -95,7 +95,7 @@ class PgReader:
         self._limiter = trio.CapacityLimiter(max_connections)
         self.pool = psycopg_pool.ConnectionPool(
             url, min_size=1, max_size=max_connections, open=False,
-            connection_class=psycopg.Connection, kwargs=connect_kwargs(timeout),
+            connection_class=Connection, kwargs=connect_kwargs(timeout),
             configure=partial(set_limits, timeout=timeout),
             check=psycopg_pool.ConnectionPool.check_connection,
         )
