@@ -1,0 +1,46 @@
+"""PostgreSQL out of reach for a while (every connection of a node cut, new ones refused, as when
+the database restarts or the network between them fails): the node's writes fail at once with
+StorageUnavailableError (503) instead of waiting, it reports why, nothing of it crashes, and
+once the database is back it stores again and its feed delivers everything, its own events and
+the other node's, once each and in order (issue 17)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from agentik.errors import StorageUnavailableError
+from agentik.storage import queries as q
+from tests.tcp_proxy import open_tcp_proxy
+from tests.test_pg_cluster import create, node, read_offsets, send
+
+
+async def test_a_node_cut_off_from_the_database_refuses_writes_then_catches_up(
+        pg_url: str) -> None:
+    host_port = "127.0.0.1:5432"
+    assert host_port in pg_url
+    async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
+        through = pg_url.replace(host_port, f"127.0.0.1:{proxy.port}")
+        async with node(through, db_timeout=2.0, lease_ttl=3.0) as a, node(pg_url) as b:
+            await create(a, "ca")
+            await create(b, "cb")
+            await a.write(send("ca", "a0"))
+            assert (await read_offsets(a, 0, 3))[-1] == 3
+
+            proxy.refuse = True  # the database is gone for node a
+            await proxy.cut_all()
+            for i in range(3):  # each write fails at once, none waits for the database
+                with trio.fail_after(10), pytest.raises(StorageUnavailableError):
+                    await a.write(send("ca", f"lost{i}"))
+                await b.write(send("cb", f"b{i}"))  # the other node goes on
+            assert not a.health.writable and a.health.error is not None
+
+            proxy.refuse = False  # back
+            with trio.fail_after(30):
+                await a.health.wait_writable()  # the probe, no write needed
+            await a.write(send("ca", "a1"))
+            # 1 ca, 2 cb, 3 a0, 4..6 b0..b2, 7 a1: every one on node a, once, in order
+            assert await read_offsets(a, 0, 7) == list(range(1, 8))
+            assert await read_offsets(b, 0, 7) == list(range(1, 8))
+            assert await b.reader.run(q.journal_count, "ca", 0) == 2  # the refused ones: none
+            assert proxy.connections > 1  # it did reconnect through the proxy
