@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from agentik.errors import StorageUnavailableError
+from agentik.errors import StorageError, StorageUnavailableError
 from agentik.storage import queries as q
 from tests.tcp_proxy import open_tcp_proxy
 from tests.test_pg_cluster import create, node, read_offsets, send
@@ -34,6 +34,10 @@ async def test_a_node_cut_off_from_the_database_refuses_writes_then_catches_up(
                     await a.write(send("ca", f"lost{i}"))
                 await b.write(send("cb", f"b{i}"))  # the other node goes on
             assert not a.health.writable and a.health.error is not None
+            started = trio.current_time()
+            with trio.fail_after(10), pytest.raises(StorageError, match="read failed"):
+                await a.reader.run(q.journal_count, "ca", 0)  # a read fails too, as soon
+            assert trio.current_time() - started < 2.0 + 1.0  # AGENTIK_DB_TIMEOUT, not 30 s
 
             proxy.refuse = False  # back
             with trio.fail_after(30):

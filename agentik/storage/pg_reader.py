@@ -93,6 +93,10 @@ class PgReader:
     def __init__(self, url: str, max_connections: int = 4,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         self._limiter = trio.CapacityLimiter(max_connections)
+        #: the longest wait for a pooled connection: the limiter keeps the threads within the
+        #: pool's size, so a read waits here only while the pool cannot connect (the database
+        #: is out of reach): it then fails after AGENTIK_DB_TIMEOUT, as a write does
+        self._wait = timeout
         self.pool = psycopg_pool.ConnectionPool(
             url, min_size=1, max_size=max_connections, open=False,
             connection_class=Connection, kwargs=connect_kwargs(timeout),
@@ -109,14 +113,14 @@ class PgReader:
 
     def _call(self, fn: Callable[..., R], *args: Any) -> R:
         try:
-            with self.pool.connection(timeout=30.0) as conn:
+            with self.pool.connection(timeout=self._wait) as conn:
                 return fn(_Conn(conn), *args)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise StorageError(f"read failed: {exc}") from exc
 
     def _page(self, *args: Any) -> tuple[int, int, list[StoredEvent]]:
         try:
-            with self.pool.connection(timeout=30.0) as conn:
+            with self.pool.connection(timeout=self._wait) as conn:
                 return outbox_page(conn, *args)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise StorageError(f"read failed: {exc}") from exc
