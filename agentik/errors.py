@@ -33,10 +33,12 @@ in-process agent catches the same classes over HTTP::
      │                for a 410 or an SSE ``event: gap`` frame
      ├── MailboxFullError          429 mailbox_full  the conversation's mailbox is full (Retry-After)
      │     raised by: ConversationHandle.submit (send)
-     ├── StorageError              503 storage     SQLite failed; a failed write was not stored
+     ├── StorageError              503 storage     the database failed; a failed write was not stored
+     │   │                                          (PostgreSQL, connection lost mid-commit: unknown)
      │   │ raised by: the storage actor and its reader (agentik.storage)
      │   ├── StorageUnavailableError 503 storage  the store refuses writes for now (disk full,
-     │   │     raised by: the storage actor          read-only, I/O error, connection lost)
+     │   │     raised by: the storage actor          read-only, I/O error, connection lost,
+     │   │                                          AGENTIK_DB_TIMEOUT passed)
      │   ├── NotOwnerError         503 not_owner   (PostgreSQL cluster) another live node owns the
      │   │     raised by: the PostgreSQL writer, pg_lease   conversation; the Agent forwards to it
      │   └── LeaseLostError        503 lease_lost  (PostgreSQL cluster) this node's fence is stale:
@@ -133,14 +135,18 @@ class OutboxGapError(AgentikError):
 
 
 class StorageError(AgentikError):
-    """SQLite failed. For a write, nothing of that write was stored or acknowledged."""
+    """The database failed. For a write, nothing of that write was stored or acknowledged;
+    except on PostgreSQL when the connection failed (or the server stopped answering for
+    ``2 x AGENTIK_DB_TIMEOUT``) with its commit in flight: the message then says whether it
+    was stored is unknown (it may have committed)."""
 
     code = "storage"
 
 
 class StorageUnavailableError(StorageError):
     """The store refused a whole batch for a reason that can pass (disk or database full,
-    read-only, an I/O error, a lost connection): nothing of it was stored, and the same write
+    read-only, an I/O error, a lost connection, a lock or a statement past AGENTIK_DB_TIMEOUT):
+    nothing of it was stored (but see StorageError for a commit in flight), and the same write
     may succeed later. Turn endings are retried on it (``Storage.write_until_stored``); /readyz
     answers 503 until a write succeeds again."""
 
