@@ -38,6 +38,15 @@ async def test_a_node_cut_off_from_the_database_refuses_writes_then_catches_up(
             with trio.fail_after(10), pytest.raises(StorageError, match="read failed"):
                 await a.reader.run(q.journal_count, "ca", 0)  # a read fails too, as soon
             assert trio.current_time() - started < 2.0 + 1.0  # AGENTIK_DB_TIMEOUT, not 30 s
+            feed = a.feed
+            assert feed is not None
+            feed.wake()
+            for _ in range(200):  # the feed's read fails the same way: the node outlives it
+                if feed.stats["read_failures"]:
+                    break
+                await trio.sleep(0.05)
+            else:
+                pytest.fail("the feed never tried to read during the outage")
 
             proxy.refuse = False  # back
             with trio.fail_after(30):

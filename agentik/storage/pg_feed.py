@@ -4,6 +4,7 @@ One task per node reads ``outbox WHERE offset > cursor ORDER BY offset LIMIT 100
 rows to the local hub. It wakes on a NOTIFY of the schema's channel from another node (a hint
 only: a notification sent while the listener is disconnected is lost), on this node's own
 commits, on every listener (re)connect, and on a 1 s timer, so a lost hint costs at most a second.
+A read that fails (the database out of reach) is tried again on the timer: the node outlives it.
 Each page is checked for contiguity (``offset == cursor + 1``): the counter makes offsets dense
 and in commit order, so a jump can only mean that the outbox was trimmed past this node's cursor;
 then the hub's live subscribers are cut off and fall back to replay, which reports the gap (410)
@@ -24,6 +25,7 @@ from typing import Any
 import trio
 
 from agentik import metrics
+from agentik.errors import StorageError
 from agentik.storage.hub import EventHub
 from agentik.storage.pg_connect import DEFAULT_TIMEOUT
 from agentik.storage.pg_listen import listen
@@ -50,7 +52,8 @@ class Feed:
         self.cursor = hub.head
         self._wake = trio.Event()
         self._pending: list[tuple[int, Callable[[], None]]] = []
-        self.stats = {"wakeups": 0, "notifies": 0, "connects": 0, "reconnects": 0, "pages": 0,
+        self.stats = {"wakeups": 0, "read_failures": 0, "notifies": 0, "connects": 0,
+                      "reconnects": 0, "pages": 0,
                       "gaps": 0, "own": 0}
         #: the listener connection's server process id (None while disconnected)
         self.listener_pid: int | None = None
@@ -94,7 +97,13 @@ class Feed:
                     await self._wake.wait()
                 self._wake = trio.Event()
                 self.stats["wakeups"] += 1
-                await self._drain()
+                try:
+                    await self._drain()
+                except StorageError as exc:
+                    # the database out of reach (the reader waited AGENTIK_DB_TIMEOUT): the
+                    # node must outlive it; the timer tries again, the cursor has not moved
+                    self.stats["read_failures"] += 1
+                    log.warning("feed: reading the outbox failed: %s", exc)
 
     async def _drain(self) -> None:
         while True:
