@@ -6,6 +6,7 @@ the other node's, once each and in order (issue 17)."""
 
 from __future__ import annotations
 
+import psycopg_pool.base
 import pytest
 import trio
 
@@ -16,7 +17,10 @@ from tests.test_pg_cluster import create, node, read_offsets, send
 
 
 async def test_a_node_cut_off_from_the_database_refuses_writes_then_catches_up(
-        pg_url: str) -> None:
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the read pool's reconnect backoff doubles without a cap (1, 2, 4, 8 s ...): a long outage
+    # leaves it a long wait after the database is back; made long at once here
+    monkeypatch.setattr(psycopg_pool.base.AttemptWithBackoff, "INITIAL_DELAY", 60.0)
     host_port = "127.0.0.1:5432"
     assert host_port in pg_url
     async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
@@ -51,6 +55,9 @@ async def test_a_node_cut_off_from_the_database_refuses_writes_then_catches_up(
             proxy.refuse = False  # back
             with trio.fail_after(30):
                 await a.health.wait_writable()  # the probe, no write needed
+            # reads at once too, although the read pool's next reconnect attempt is a minute away
+            with trio.fail_after(2.0 + 3.0):
+                assert await a.reader.run(q.journal_count, "ca", 0) == 1
             await a.write(send("ca", "a1"))
             # 1 ca, 2 cb, 3 a0, 4..6 b0..b2, 7 a1: every one on node a, once, in order
             assert await read_offsets(a, 0, 7) == list(range(1, 8))

@@ -9,6 +9,8 @@ the cursor and the record before the event is handed out.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -19,11 +21,18 @@ import psycopg_pool
 import trio
 
 from agentik.errors import StorageError
-from agentik.storage.pg_connect import DEFAULT_TIMEOUT, Connection, connect_kwargs, set_limits
+from agentik.storage.pg_connect import (
+    DEFAULT_TIMEOUT,
+    Connection,
+    connect,
+    connect_kwargs,
+    set_limits,
+)
 from agentik.storage.writer import StoredEvent
 from agentik.wire import CommonEvent, Created, Cursor, decode_common_event, encode
 
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 
 class _Conn:
@@ -97,10 +106,15 @@ class PgReader:
         #: pool's size, so a read waits here only while the pool cannot connect (the database
         #: is out of reach): it then fails after AGENTIK_DB_TIMEOUT, as a write does
         self._wait = timeout
-        self.pool = psycopg_pool.ConnectionPool(
-            url, min_size=1, max_size=max_connections, open=False,
-            connection_class=Connection, kwargs=connect_kwargs(timeout),
-            configure=partial(set_limits, timeout=timeout),
+        self._url, self._size = url, max_connections
+        self._renewing = threading.Lock()
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> psycopg_pool.ConnectionPool[Connection]:
+        return psycopg_pool.ConnectionPool(
+            self._url, min_size=1, max_size=self._size, open=False,
+            connection_class=Connection, kwargs=connect_kwargs(self._wait),
+            configure=partial(set_limits, timeout=self._wait),
             check=psycopg_pool.ConnectionPool.check_connection,
         )
 
@@ -112,18 +126,42 @@ class PgReader:
             raise StorageError(f"cannot open the read pool: {exc}") from exc
 
     def _call(self, fn: Callable[..., R], *args: Any) -> R:
-        try:
-            with self.pool.connection(timeout=self._wait) as conn:
-                return fn(_Conn(conn), *args)
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-            raise StorageError(f"read failed: {exc}") from exc
+        return self._with(lambda conn: fn(_Conn(conn), *args))
 
     def _page(self, *args: Any) -> tuple[int, int, list[StoredEvent]]:
+        return self._with(lambda conn: outbox_page(conn, *args))
+
+    def _with(self, fn: Callable[[psycopg.Connection[Any]], R]) -> R:
+        """``fn`` with a pooled connection. Raises StorageError."""
+        pool = self.pool
         try:
-            with self.pool.connection(timeout=self._wait) as conn:
-                return outbox_page(conn, *args)
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            with pool.connection(timeout=self._wait) as conn:
+                return fn(conn)
+        except psycopg_pool.PoolTimeout:
+            pass
+        except psycopg.Error as exc:
             raise StorageError(f"read failed: {exc}") from exc
+        # No pooled connection in time. After an outage the pool reconnects with a backoff that
+        # doubles without a cap (psycopg_pool: 1, 2, 4, 8 s ...), so it may still be waiting
+        # although the database is back: one connection of its own tells.
+        try:
+            with connect(self._url, timeout=self._wait) as conn:
+                result = fn(conn)
+        except psycopg.Error as exc:
+            raise StorageError(f"read failed: {exc}") from exc
+        self._renew(pool)  # the database answers: a new pool, with no backoff to wait out
+        return result
+
+    def _renew(self, failed: psycopg_pool.ConnectionPool[Connection]) -> None:
+        with self._renewing:
+            if self.pool is not failed:  # another read renewed it already
+                return
+            fresh = self._new_pool()
+            fresh.open(wait=False)
+            self.pool = fresh
+        log.warning("the read pool could not reconnect in time although the database "
+                    "answers: replaced it")
+        failed.close(timeout=1.0)  # connections still lent out are closed when given back
 
     async def run(self, fn: Callable[..., R], *args: Any) -> R:
         return await trio.to_thread.run_sync(self._call, fn, *args, limiter=self._limiter)
@@ -136,4 +174,5 @@ class PgReader:
         )
 
     def close(self) -> None:
-        self.pool.close()
+        with self._renewing:
+            self.pool.close()
