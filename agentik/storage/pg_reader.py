@@ -139,6 +139,10 @@ class PgReader:
                 return fn(conn)
         except psycopg_pool.PoolTimeout:
             pass
+        except psycopg_pool.PoolClosed as exc:
+            if self.pool is not pool:  # replaced meanwhile (_renew): the new one
+                return self._with(fn)
+            raise StorageError(f"read failed: {exc}") from exc
         except psycopg.Error as exc:
             raise StorageError(f"read failed: {exc}") from exc
         # No pooled connection in time. After an outage the pool reconnects with a backoff that
