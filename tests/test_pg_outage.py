@@ -6,11 +6,16 @@ the other node's, once each and in order (issue 17)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import msgspec
+import psycopg
 import psycopg_pool.base
 import pytest
 import trio
 
 from agentik.errors import StorageError, StorageUnavailableError
+from agentik.storage import ops
 from agentik.storage import queries as q
 from tests.tcp_proxy import open_tcp_proxy
 from tests.test_pg_cluster import create, node, read_offsets, send
@@ -64,3 +69,72 @@ async def test_a_node_cut_off_from_the_database_refuses_writes_then_catches_up(
             assert await read_offsets(b, 0, 7) == list(range(1, 8))
             assert await b.reader.run(q.journal_count, "ca", 0) == 2  # the refused ones: none
             assert proxy.connections > 1  # it did reconnect through the proxy
+
+
+async def test_a_commit_cut_off_in_flight_is_settled_before_the_retry(pg_url: str) -> None:
+    """The connection breaks while a commit waits in the server (here on a lock): its outcome
+    is unknown to the node, and its server session may still commit it. Before the node plans
+    anything again it ends that session, so a retry of the same write with the same
+    Idempotency-Key is stored once, never beside the first one."""
+    async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
+        through = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        async with node(through, db_timeout=5.0) as a:
+            await create(a, "c1")
+            key = ops.Idempotency(key="k1", fingerprint="f", ttl=3600.0)
+            first = msgspec.structs.replace(send("c1", "first"), idempotency=key)
+            retry = msgspec.structs.replace(send("c1", "retry"), idempotency=key)
+            await a.write(msgspec.structs.replace(send("c1", "m0"), idempotency=ops.Idempotency(
+                key="k0", fingerprint="f", ttl=3600.0)))  # the keyed statement, prepared
+            writer = a.feed.writer  # type: ignore[union-attr]
+            with psycopg.connect(pg_url) as blocker, psycopg.connect(pg_url,
+                                                                     autocommit=True) as watch:
+                blocker.execute("SELECT 1 FROM counter WHERE id = 1 FOR UPDATE")
+                async with trio.open_nursery() as nursery:
+                    failed = trio.Event()
+
+                    async def write_first() -> None:
+                        with pytest.raises(StorageUnavailableError,
+                                           match="whether it was stored is unknown"):
+                            await a.write(first)
+                        failed.set()
+
+                    nursery.start_soon(write_first)
+                    await _waits_on_a_lock(watch, lambda: writer.backend_pid)
+                    stale = writer.backend_pid
+                    await proxy.cut_all()  # its commit is in the server, waiting on the lock
+                    with trio.fail_after(10):
+                        await failed.wait()
+                    retried = trio.Event()
+
+                    async def write_retry() -> None:
+                        await a.write(retry)
+                        retried.set()
+
+                    nursery.start_soon(write_retry)
+                    await _waits_on_a_lock(watch, lambda: writer.backend_pid, other_than=stale)
+                    # the stale session is gone before the retry was planned
+                    assert not watch.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                             (stale,)).fetchall()
+                    blocker.rollback()
+                    with trio.fail_after(10):
+                        await retried.wait()
+            bodies = [r[0] for r in user_bodies(pg_url)]
+            assert sorted(b for b in bodies if b in ("first", "retry")) == ["retry"]
+
+
+async def _waits_on_a_lock(watch: psycopg.Connection[object], pid: Callable[[], int],
+                           other_than: int | None = None) -> None:
+    """Until the writer's session (``pid()``, once it is not ``other_than``) waits on a lock."""
+    for _ in range(1000):
+        if pid() != other_than and watch.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                (pid(),)).fetchall():
+            return
+        await trio.sleep(0.01)
+    pytest.fail("the writer's session never waited on the lock")
+
+
+def user_bodies(url: str) -> list[tuple[str]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT payload FROM message WHERE type = 'user_message'").fetchall()
+    return [(msgspec.json.decode(bytes(p))["content"][0]["body"],) for (p,) in rows]

@@ -72,6 +72,9 @@ class Sender:
         self.answer_within = answer_within
         #: time.monotonic() when the statement in flight was sent
         self._sent_at = 0.0
+        #: a statement went out and its answer was not read (the connection failed first): the
+        #: server may still run and commit it
+        self.unanswered = False
 
     def send(self, sql: str, args: Mapping[str, Any]) -> None:
         """Send the statement (and its Sync) without waiting for its answer. Raises
@@ -108,6 +111,7 @@ class Sender:
                 for res in self._results():
                     _check(res, self._conn)
                 self._prepared[(d.query, d.types)] = name
+            self.unanswered = True  # from here on, the server may have it
             self._pg.send_query_prepared(name, values, d.formats)
             self.in_flight = True
             self._sent_at = time.monotonic()
@@ -154,7 +158,7 @@ class Sender:
         out = []
         while (res := pg.get_result()) is not None:
             out.append(res)
-        self.in_flight = False
+        self.in_flight = self.unanswered = False
         return out
 
     def remaining(self) -> float | None:

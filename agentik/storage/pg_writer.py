@@ -71,6 +71,8 @@ class PgWriter:
         #: these needs no read before its statement (each is checked inside the statement, so
         #: one changed meanwhile by anybody makes the batch be planned again from a read)
         self._known: dict[str, Conv] = {}
+        #: the server session of a connection lost with a commit out (``_failed``)
+        self._unsettled: tuple[int, Any] | None = None
         try:
             self.conn = self._connect(limits=False)
             self.schema = migrate(self.conn)
@@ -91,6 +93,11 @@ class PgWriter:
         conn = connect(self.url, timeout=self.timeout, limits=limits)
         #: the server process of this connection: the sender of this node's NOTIFYs
         self.backend_pid = conn.info.backend_pid
+        row = conn.execute("SELECT backend_start FROM pg_stat_activity WHERE pid = %s",
+                           (self.backend_pid,)).fetchone()
+        #: this connection's server session (pid, start), ended by :meth:`_settle` if it is
+        #: lost with a commit of unknown outcome
+        self._session: tuple[int, Any] = (self.backend_pid, row[0] if row else None)
         self._sender = Sender(conn, answer_within(self.timeout))
         return conn
 
@@ -122,11 +129,12 @@ class PgWriter:
         try:
             if self.conn.closed or self.conn.broken:
                 self.conn = self._connect()
+            if self._unsettled is not None:
+                self._settle(self._unsettled)
             flight = self._plan(batch, {})
             self._send(flight)
         except psycopg.Error as exc:
-            self._known.clear()
-            raise StorageError(f"write failed, nothing stored: {exc}") from exc
+            raise self._failed(exc) from exc
         return flight
 
     def follow(self, batch: list[ops.AnyOp], after: Flight) -> Flight | None:
@@ -153,8 +161,7 @@ class PgWriter:
         try:
             self._sender.send_dumped(flight.dumped, {"k_seq": Int8s(k[1] for k in known)})
         except psycopg.Error as exc:
-            self._known.clear()
-            raise StorageError(f"write failed, nothing stored: {exc}") from exc
+            raise self._failed(exc) from exc
         return True
 
     def land(self, flight: Flight) -> None:
@@ -180,14 +187,41 @@ class PgWriter:
                 self._send(flight)
                 base = self._base(flight.plan, self._sender.wait())
         except psycopg.Error as exc:
-            self._known.clear()  # committed or not: unknown
-            # the server's own error (it has a SQLSTATE) rolled the statement back; a connection
-            # that failed with it in flight leaves its outcome unknown
-            stored = "nothing stored" if exc.sqlstate else "whether it was stored is unknown"
-            raise StorageError(f"write failed, {stored}: {exc}") from exc
+            raise self._failed(exc) from exc
         flight.base, flight.exact = base, exact
         self._remember(flight.plan, base)
         self.next_seq = base + flight.plan.n + 1
+
+    def _failed(self, exc: psycopg.Error) -> StorageError:
+        """The StorageError of a failed step. The server's own error (it has a SQLSTATE) rolled
+        the statement back; a connection that failed while a commit statement was out leaves
+        that statement's outcome unknown: its server session may still run and commit it. The
+        next connection first ends that session (:meth:`_settle`), so nothing planned later
+        races it: a retry of the same write then reads what it left (an Idempotency-Key)."""
+        self._known.clear()
+        if exc.sqlstate or not self._sender.unanswered:
+            return StorageError(f"write failed, nothing stored: {exc}")
+        self._unsettled = self._session
+        self.conn.close()  # whatever state it is in: the next batch reconnects, then settles
+        return StorageError(f"write failed, whether it was stored is unknown: {exc}")
+
+    def _settle(self, session: tuple[int, Any]) -> None:
+        """End the server session left with a statement of unknown outcome (its pid and start
+        time: a pid can be reused) and wait until it is gone; until then, refuse writes (the
+        actor probes again): a batch planned now could race that statement. Raises
+        psycopg.Error, or StorageError while the session lives (a stopped server process)."""
+        pid, started = session
+        wait_ms = max(1, round(self.timeout * 500))  # within this connection's statement_timeout
+        self.conn.execute(
+            "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "
+            "WHERE pid = %s AND backend_start = %s", (wait_ms, pid, started))
+        if self.conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s AND backend_start = %s",
+                             (pid, started)).fetchone():
+            raise StorageError(
+                f"write refused: the database session {pid}, which had a commit of unknown "
+                "outcome in flight, has not ended yet")
+        log.warning("ended database session %d, whose commit's outcome was unknown", pid)
+        self._unsettled = None
 
     def result(self, flight: Flight) -> BatchResult:
         """A landed flight's results and events, stamped with its offsets."""
