@@ -6,14 +6,20 @@ it adds rows at batch-relative offsets ``rel`` (1..n), stored at ``base + rel`` 
 statement (``pg_statement``). The offset is known only inside the statement, so outbox payloads
 carry offset 0 (readers stamp it, ``pg_reader.stamp``); results (:data:`Result`) and this node's
 events (:meth:`Plan.events`) are built from ``base`` after commit.
+
+The rows are kept as columns (one typed list a column, ``pg_arrays``: what the statement sends,
+with no per-row tuple to make and take apart), and a journal record's event (``Plan.journal``)
+as what it is made of: after commit it is made once, stamped, and is also the op's result; its
+published bytes are its stored payload with the offsets written in (:func:`_splice`), and its
+payload embeds the journal row's encoded message (``msgspec.Raw``): one encode of the message
+a record instead of three.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any
 
 import msgspec
 
@@ -25,6 +31,7 @@ from agentik.errors import (
 )
 from agentik.ids import new_id
 from agentik.storage import ops
+from agentik.storage.pg_arrays import Byteas, Int8s, Texts
 from agentik.storage.pg_reader import stamp
 from agentik.storage.writer import StoredEvent
 from agentik.wire import (
@@ -53,12 +60,13 @@ from agentik.wire import (
     UserMessageEvent,
     WorkingItem,
     encode,
-    event_type,
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Conv:
+class Conv(msgspec.Struct, frozen=True, gc=False):
+    """A conversation row as a batch plans it (only scalars: not tracked by the collector, and
+    made in C: ``bump`` makes one a journal record)."""
+
     id: str
     title: str | None
     is_temporal: bool
@@ -77,8 +85,26 @@ class Conv:
                                   seq=seq if seq is not None else 0)
 
 
-#: a result known once the batch's base offset is: ``fn(base)``
-Result = Callable[[int], Any]
+#: an op's result as planned: ``fn(base)`` (known once the batch's base offset is), or the
+#: batch-relative offset of a journal record (int: the record, stamped; a tuple of them: a list
+#: of records), made with the batch's events (``PgWriter.result``)
+Result = Callable[[int], Any] | int | tuple[int, ...]
+
+#: where a CommonEvent's bytes carry its cursor's offset: right after this (the cursor is its
+#: first field, the epoch a string: its escaped text never holds this sequence)
+_OFFSET = b'"offset":0'
+#: where a journal record's bytes carry its seq (the record's second field, after its id: the
+#: first such key in the event's bytes; an escaped string never holds this sequence)
+_SEQ = b'"seq":0'
+
+
+def _splice(payload: bytes, at_offset: int, at_seq: int, offset: int) -> bytes:
+    """``payload`` (a journal event encoded with offset 0 in its cursor and seq 0 in its record,
+    those zeros at ``at_offset`` and ``at_seq``) as encoded with ``offset`` in both: what
+    ``encode(stamp(event, offset))`` gives, without encoding it again."""
+    digits = b"%d" % offset
+    return b"".join((payload[:at_offset], digits, payload[at_offset + 1:at_seq], digits,
+                     payload[at_seq + 1:]))
 
 
 def _const(value: Any) -> Result:
@@ -91,9 +117,21 @@ class Plan:
     now: float
     n: int = 0
     conv: dict[str, Conv | None] = field(default_factory=dict)
-    #: (rel, conversation_id, kind, payload: the CommonEvent encoded with offset 0, the event)
-    outbox: list[tuple[int, str | None, str, bytes, CommonEvent]] = field(default_factory=list)
-    messages: list[tuple[int, str, str, str, bytes]] = field(default_factory=list)
+    #: the outbox rows, a column each: rel, conversation_id, kind, payload (the CommonEvent
+    #: encoded with offset 0), and how its event is made after commit: the CommonEvent (stamped
+    #: by ``pg_reader.stamp``), or for a journal record (its event class, message id, message,
+    #: where the payload carries its seq)
+    o_rel: Int8s = field(default_factory=Int8s)
+    o_cid: Texts = field(default_factory=Texts)
+    o_kind: Texts = field(default_factory=Texts)
+    o_payload: Byteas = field(default_factory=Byteas)
+    o_event: list[Any] = field(default_factory=list)
+    #: the journal rows, a column each: rel, id, conversation_id, type, payload
+    m_rel: Int8s = field(default_factory=Int8s)
+    m_id: Texts = field(default_factory=Texts)
+    m_cid: Texts = field(default_factory=Texts)
+    m_type: Texts = field(default_factory=Texts)
+    m_payload: Byteas = field(default_factory=Byteas)
     memory: list[tuple[str, int, str | None, bytes]] = field(default_factory=list)
     memory_cut: list[tuple[str, int, int]] = field(default_factory=list)
     #: turns inserted by this batch: id -> (conversation_id, state, rel)
@@ -118,6 +156,12 @@ class Plan:
     #: (key, fingerprint, result id, expires_at) to insert with the batch
     idem_rows: list[tuple[str, str, str, float]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self._cursor0 = Cursor(epoch=self.epoch, offset=0)
+        #: where an event's payload carries its cursor's offset (the same for every event)
+        self._at_offset = encode(CommonEvent(cursor=self._cursor0, conversation_id=None,
+                                             event=Deleted(conversation_id=""))).index(_OFFSET) + 9
+
     def alloc(self) -> int:
         """The next batch-relative offset, 1..n (the stored offset is base + rel)."""
         self.n += 1
@@ -141,32 +185,71 @@ class Plan:
 
     def emit(self, rel: int, conversation_id: str | None, event: DurableEvent | AgentEvent,
              kind: str) -> None:
-        common = CommonEvent(cursor=Cursor(epoch=self.epoch, offset=0),
-                             conversation_id=conversation_id, event=event)
-        self.outbox.append((rel, conversation_id, kind, encode(common), common))
+        common = CommonEvent(cursor=self._cursor0, conversation_id=conversation_id, event=event)
+        self.o_rel.append(rel)
+        self.o_cid.append(conversation_id)
+        self.o_kind.append(kind)
+        self.o_payload.append(encode(common))
+        self.o_event.append(common)
 
     def events(self, base: int) -> list[StoredEvent]:
-        """The batch's events as committed at ``base``, stamped as a reader would stamp them."""
+        """The batch's events as committed at ``base``, stamped as a reader would stamp them, in
+        offset order (rel 1..n: every offset has its one event)."""
         out = []
-        for rel, cid, kind, _, common in sorted(self.outbox, key=lambda o: o[0]):
-            stamped = stamp(common, base + rel)
-            out.append(StoredEvent(base + rel, cid, kind, stamped, encode(stamped)))
+        epoch, now = self.epoch, self.now
+        rows: Iterator[tuple[Any, ...]] = zip(self.o_rel, self.o_cid, self.o_kind,
+                                              self.o_payload, self.o_event, strict=True)
+        if self.o_rel != sorted(self.o_rel):
+            rows = iter(sorted(rows, key=lambda o: o[0]))
+        for rel, cid, kind, payload, made in rows:
+            offset = base + rel
+            if type(made) is tuple:
+                cls, message_id, message, at_seq = made
+                record = MessageRecord(id=message_id, seq=offset, conversation_id=cid,
+                                       created_at=now, message=message)
+                stamped = CommonEvent(cursor=Cursor(epoch=epoch, offset=offset),
+                                      conversation_id=cid, event=cls(record=record))
+                raw = _splice(payload, self._at_offset, at_seq, offset)
+            else:
+                stamped = stamp(made, offset)
+                raw = encode(stamped)
+            out.append(StoredEvent(offset, cid, kind, stamped, raw))
         return out
 
-    def journal(self, conv: Conv, message_id: str, message: Message) -> tuple[int, MessageRecord]:
-        rel = self.alloc()
-        self.bump(conv, rel)
-        record = MessageRecord(id=message_id, seq=0, conversation_id=conv.id, created_at=self.now,
-                               message=message)
-        self.messages.append((rel, message_id, conv.id, event_type(message), encode(message)))  # type: ignore[arg-type]
-        return rel, record
+    def journal(self, conv: Conv, message_id: str, message: Message,
+                cls: type[Any]) -> int:
+        """A journal record of ``message`` at the next offset, with its event (``cls``, one of
+        the events carrying a record): its row, its outbox row; returns its rel (the record
+        itself is made after commit, ``events``)."""
+        rel = self.n = self.n + 1
+        cid = conv.id
+        self.conv[cid] = Conv(cid, conv.title, conv.is_temporal, conv.created_at,
+                              conv.updated_at, None, rel, conv.in_db, conv.max_order)
+        body = encode(message)
+        self.m_rel.append(rel)
+        self.m_id.append(message_id)
+        self.m_cid.append(cid)
+        self.m_type.append(message.__struct_config__.tag)  # type: ignore[arg-type]
+        self.m_payload.append(body)
+        # the stored event embeds the row's bytes: the message is encoded once
+        payload = encode(CommonEvent(
+            cursor=self._cursor0, conversation_id=cid, event=cls(record=MessageRecord(
+                id=message_id, seq=0, conversation_id=cid, created_at=self.now,
+                message=msgspec.Raw(body)))))  # type: ignore[arg-type]
+        self.o_rel.append(rel)
+        self.o_cid.append(cid)
+        self.o_kind.append("conversation")
+        self.o_payload.append(payload)
+        self.o_event.append((cls, message_id, message,
+                             payload.index(_SEQ, self._at_offset) + 6))
+        return rel
 
     def remember(self, conversation_id: str, item: WorkingItem, source: str | None,
                  order_idx: int | None = None) -> None:
         conv = self.require(conversation_id)
         if order_idx is None:
             order_idx = conv.max_order + 1
-            self.conv[conversation_id] = dataclasses.replace(conv, max_order=order_idx)
+            self.conv[conversation_id] = msgspec.structs.replace(conv, max_order=order_idx)
         self.memory.append((conversation_id, order_idx, source, encode(item)))
 
     def touch(self, conversation_id: str) -> None:
@@ -179,7 +262,10 @@ class Plan:
         conv = self.require(conversation_id)
         self.emit(self.alloc(), conversation_id, ConversationClosing(reason=reason), "conversation")
         # rows this batch planned for it go too (the statement cannot see its own inserts)
-        self.messages = [m for m in self.messages if m[2] != conversation_id]
+        keep = [i for i, cid in enumerate(self.m_cid) if cid != conversation_id]
+        for name in ("m_rel", "m_id", "m_cid", "m_type", "m_payload"):
+            column = getattr(self, name)
+            setattr(self, name, type(column)(column[i] for i in keep))
         self.memory = [m for m in self.memory if m[0] != conversation_id]
         self.turns = {k: v for k, v in self.turns.items() if v[0] != conversation_id}
         self.task_rows = [t for t in self.task_rows if t[2] != conversation_id]
@@ -187,10 +273,6 @@ class Plan:
             self.deleted.append(conversation_id)
         self.conv[conversation_id] = None
         self.emit(self.alloc(), conversation_id, Deleted(conversation_id=conversation_id), "agent")
-
-
-def _stamped(record: MessageRecord, rel: int) -> Result:
-    return lambda base: msgspec.structs.replace(record, seq=base + rel)
 
 
 # --- one function per op: check first (refusals take nothing), then plan --------------------------
@@ -226,12 +308,18 @@ def _rename(p: Plan, op: ops.RenameConversation) -> Result:
 
 
 def _append_user(p: Plan, op: ops.AppendUserMessage) -> Result:
-    rel, record = p.journal(p.require(op.conversation_id), op.message_id, op.message)
-    p.turns[op.message_id] = (op.conversation_id, "queued" if op.start is None else "running", rel)
+    cid = op.conversation_id
+    conv = p.conv.get(cid)
+    if conv is None:
+        raise NotFoundError(f"conversation {cid!r} not found")
+    rel = p.journal(conv, op.message_id, op.message, UserMessageEvent)
+    p.turns[op.message_id] = (cid, "queued" if op.start is None else "running", rel)
     if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
-        p.remember(op.conversation_id, op.start, op.message_id)
-    p.emit(rel, op.conversation_id, UserMessageEvent(record=record), "conversation")
-    return _stamped(record, rel)
+        p.remember(cid, op.start, op.message_id)
+    return rel
+
+
+_NONE = _const(None)
 
 
 def _start_turn(p: Plan, op: ops.StartTurn) -> Result:
@@ -242,55 +330,45 @@ def _start_turn(p: Plan, op: ops.StartTurn) -> Result:
         p.turns[op.turn_id] = (queued[0], "running", queued[2])
     else:
         p.turns_running.append(op.turn_id)
-    return _const(None)
+    return _NONE
 
 
 def _tool_calls(p: Plan, op: ops.AppendToolCalls) -> Result:
     p.require(op.conversation_id)
-    made: list[Result] = []
-    for message_id, call in op.calls:
-        rel, record = p.journal(p.require(op.conversation_id), message_id, call)
-        p.emit(rel, op.conversation_id, ToolCallEvent(record=record), "conversation")
-        made.append(_stamped(record, rel))
+    made = tuple(p.journal(p.require(op.conversation_id), message_id, call, ToolCallEvent)
+                 for message_id, call in op.calls)
     p.remember(op.conversation_id, op.item, None)
-    return lambda base: [fn(base) for fn in made]
+    return made
 
 
 def _tool_result(p: Plan, op: ops.AppendToolResult) -> Result:
-    rel, record = p.journal(p.require(op.conversation_id), op.message_id, op.result)
-    event: DurableEvent = (
-        ToolFailed(record=record) if op.result.is_error else ToolResultEvent(record=record)
-    )
-    p.emit(rel, op.conversation_id, event, "conversation")
+    rel = p.journal(p.require(op.conversation_id), op.message_id, op.result,
+                    ToolFailed if op.result.is_error else ToolResultEvent)
     p.remember(op.conversation_id, op.item, op.message_id)
-    return _stamped(record, rel)
+    return rel
 
 
 def _finish_turn(p: Plan, op: ops.FinishTurn) -> Result:
     cid = op.conversation_id
     p.require(cid)
-    made: list[Result] = []
+    made: list[int] = []
     if op.assistant is not None:
         message_id, answer = op.assistant
-        rel, record = p.journal(p.require(cid), message_id, answer)
-        p.emit(rel, cid, AssistantMessageEvent(record=record), "conversation")
+        made.append(p.journal(p.require(cid), message_id, answer, AssistantMessageEvent))
         if op.item is not None:
             p.remember(cid, op.item, message_id)
-        made.append(_stamped(record, rel))
     if op.interrupted:
         rel = p.alloc()
         p.bump(p.require(cid), rel)
         p.emit(rel, cid, Interrupted(turn_id=op.turn_id), "conversation")
     if op.error is not None:
         message_id, error = op.error
-        rel, record = p.journal(p.require(cid), message_id, error)
-        p.emit(rel, cid, ErrorEvent(record=record), "conversation")
-        made.append(_stamped(record, rel))
+        made.append(p.journal(p.require(cid), message_id, error, ErrorEvent))
     if op.turn_id is not None:
         if p.turns.pop(op.turn_id, None) is None:
             p.turns_deleted.append(op.turn_id)
     p.touch(cid)
-    return lambda base: [fn(base) for fn in made]
+    return tuple(made)
 
 
 def _compact(p: Plan, op: ops.Compact) -> Result:
@@ -316,8 +394,7 @@ def _recover_turns(p: Plan, op: ops.RecoverTurns) -> Result:
         if p.conv.get(cid) is None:
             continue
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
-        rel, record = p.journal(p.require(cid), new_id(), error)
-        p.emit(rel, cid, ErrorEvent(record=record), "conversation")
+        p.journal(p.require(cid), new_id(), error, ErrorEvent)
         p.touch(cid)
         p.turns_deleted.append(turn_id)
         closed += 1
@@ -366,32 +443,35 @@ def _idempotent(p: Plan, idem: ops.Idempotency | None, result_id: str,
     return result
 
 
-def plan_op(p: Plan, op: ops.AnyOp) -> Result:
-    match op:
-        case ops.CreateConversation():
-            return _idempotent(p, op.idempotency, op.conversation_id, lambda: _create(p, op))
-        case ops.DeleteConversation():
-            return _delete_op(p, op)
-        case ops.RenameConversation():
-            return _rename(p, op)
-        case ops.AppendUserMessage():
-            return _idempotent(p, op.idempotency, op.message_id, lambda: _append_user(p, op))
-        case ops.StartTurn():
-            return _start_turn(p, op)
-        case ops.AppendToolCalls():
-            return _tool_calls(p, op)
-        case ops.AppendToolResult():
-            return _tool_result(p, op)
-        case ops.FinishTurn():
-            return _finish_turn(p, op)
-        case ops.Compact():
-            return _compact(p, op)
-        case ops.RecoverTurns():
-            return _recover_turns(p, op)
-        case ops.PurgeTemporary():
-            return _purge_temporary(p, op)
-        case ops.PutA2ATask():
-            return _put_a2a_task(p, op)
-        case _:
-            assert_never(op)
+def _create_op(p: Plan, op: ops.CreateConversation) -> Result:
+    if op.idempotency is None:
+        return _create(p, op)
+    return _idempotent(p, op.idempotency, op.conversation_id, lambda: _create(p, op))
 
+
+def _append_user_op(p: Plan, op: ops.AppendUserMessage) -> Result:
+    if op.idempotency is None:
+        return _append_user(p, op)
+    return _idempotent(p, op.idempotency, op.message_id, lambda: _append_user(p, op))
+
+
+#: op type -> its function: every member of ``ops.AnyOp`` (dispatched by exact type: a
+#: ``match`` made an ``isinstance`` through msgspec's metaclass per case tried)
+_PLAN: dict[type[Any], Callable[[Plan, Any], Result]] = {
+    ops.CreateConversation: _create_op,
+    ops.DeleteConversation: _delete_op,
+    ops.RenameConversation: _rename,
+    ops.AppendUserMessage: _append_user_op,
+    ops.StartTurn: _start_turn,
+    ops.AppendToolCalls: _tool_calls,
+    ops.AppendToolResult: _tool_result,
+    ops.FinishTurn: _finish_turn,
+    ops.Compact: _compact,
+    ops.RecoverTurns: _recover_turns,
+    ops.PurgeTemporary: _purge_temporary,
+    ops.PutA2ATask: _put_a2a_task,
+}
+
+
+def plan_op(p: Plan, op: ops.AnyOp) -> Result:
+    return _PLAN[type(op)](p, op)

@@ -180,16 +180,13 @@ def commit_statement(
 
 def _state_rows(p: Plan, parts: list[str], args: dict[str, Any]) -> None:
     """The parts (and their row arrays) for the batch's outbox and state rows."""
-    if p.outbox:
+    if p.o_rel:
         parts.append(_OUTBOX)
-        o = p.outbox
-        args.update(o_rel=[r[0] for r in o], o_cid=[r[1] for r in o], o_kind=[r[2] for r in o],
-                    o_payload=[r[3] for r in o])
-    if p.messages:
+        args.update(o_rel=p.o_rel, o_cid=p.o_cid, o_kind=p.o_kind, o_payload=p.o_payload)
+    if p.m_rel:
         parts.append(_MESSAGE)
-        m = p.messages
-        args.update(m_rel=[r[0] for r in m], m_id=[r[1] for r in m], m_cid=[r[2] for r in m],
-                    m_type=[r[3] for r in m], m_payload=[r[4] for r in m])
+        args.update(m_rel=p.m_rel, m_id=p.m_id, m_cid=p.m_cid, m_type=p.m_type,
+                    m_payload=p.m_payload)
     dirty = [c for c in p.conv.values() if c is not None and c.rel is not None]
     if dirty:
         parts.append(_CONVERSATION)

@@ -227,10 +227,21 @@ class PgWriter:
         """A landed flight's results and events, stamped with its offsets."""
         base = flight.base
         assert base is not None
-        return BatchResult(
-            [r if isinstance(r, AgentikError) else r(base) for r in flight.results],
-            flight.plan.events(base), self.oldest, base + flight.plan.n,
-        )
+        events = flight.plan.events(base)
+        # every offset 1..n has its one event, in order: a journal record's is events[rel - 1]
+        assert len(events) == flight.plan.n
+        results: list[Any] = []
+        for r in flight.results:
+            kind = type(r)
+            if kind is int:
+                results.append(events[r - 1].event.event.record)
+            elif kind is tuple:
+                results.append([events[i - 1].event.event.record for i in r])
+            elif isinstance(r, AgentikError):
+                results.append(r)
+            else:
+                results.append(r(base))
+        return BatchResult(results, events, self.oldest, base + flight.plan.n)
 
     def _plan(self, batch: list[ops.AnyOp], refused: dict[int, AgentikError]) -> Flight:
         plan = Plan(epoch=self.epoch, now=self.clock())
