@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from psycopg import adapters, pq
@@ -23,8 +24,6 @@ _HEAD = struct.Struct("!iiIii").pack
 _EMPTY = struct.Struct("!iiI").pack
 _LEN = struct.Struct("!i").pack
 _NULL = _LEN(-1)
-_INT8 = struct.Struct("!iq").pack
-_FLOAT8 = struct.Struct("!id").pack
 _TRUE, _FALSE = b"\x00\x00\x00\x01\x01", b"\x00\x00\x00\x01\x00"
 
 # element oids and their array oids (pg_type)
@@ -52,32 +51,78 @@ class Byteas(list[bytes]):
     """A bytea[] parameter."""
 
 
-def _varlen(items: list[Any], encode: Callable[[Any], bytes] | None) -> tuple[list[bytes], int]:
+class _Prefixes(dict[int, bytes]):
+    """Length -> its 4-byte prefix, made once (a ``struct`` pack is the dearest part of an
+    element); lengths past the first few thousand seen are packed each time."""
+
+    def __missing__(self, n: int) -> bytes:
+        prefix = _LEN(n)
+        if len(self) < 4096:
+            self[n] = prefix
+        return prefix
+
+
+_prefix = _Prefixes().__getitem__
+
+
+@lru_cache(maxsize=64)
+def _fixed(code: str, n: int) -> Callable[..., bytes]:
+    """The packer of ``n`` fixed-size elements (``code``: their length and value)."""
+    return struct.Struct("!" + code * n).pack
+
+
+def _fixed_body(code: str, items: list[Any]) -> bytes:
+    fields: list[Any] = [8] * (2 * len(items))
+    fields[1::2] = items
+    return _fixed(code, len(items))(*fields)
+
+
+def _varlen_body(items: list[Any], text: bool) -> bytes:
+    """The elements of a text or bytea array with no NULL, in C-level passes: a column of one
+    repeated value (a batch's conversation, kind, type, state) is one element repeated; values
+    of one length (ids) are joined around their one prefix."""
+    n = len(items)
+    first = items[0]
+    if items.count(first) == n:
+        data = first.encode() if text else first
+        return (_prefix(len(data)) + data) * n
+    values: list[bytes] = list(map(str.encode, items)) if text else items
+    lengths = list(map(len, values))
+    if lengths.count(lengths[0]) == n:
+        prefix = _prefix(lengths[0])
+        return prefix + prefix.join(values)
+    parts: list[bytes] = [b""] * (2 * n)
+    parts[::2] = map(_prefix, lengths)
+    parts[1::2] = values
+    return b"".join(parts)
+
+
+def _with_nulls(items: list[Any], text: bool) -> bytes:
     parts: list[bytes] = []
-    hasnull = 0
     for item in items:
         if item is None:
             parts.append(_NULL)
-            hasnull = 1
             continue
-        data = encode(item) if encode is not None else item
+        data = item.encode() if text else item
         parts.append(_LEN(len(data)))
         parts.append(data)
-    return parts, hasnull
+    return b"".join(parts)
 
 
 def _dump(oid: int, items: list[Any]) -> bytes:
-    if not items:
+    n = len(items)
+    if not n:
         return _EMPTY(0, 0, oid)
     if oid == _INT8_OID:
-        return _HEAD(1, 0, oid, len(items), 1) + b"".join([_INT8(8, v) for v in items])
+        return _HEAD(1, 0, oid, n, 1) + _fixed_body("iq", items)
     if oid == _FLOAT8_OID:
-        return _HEAD(1, 0, oid, len(items), 1) + b"".join([_FLOAT8(8, v) for v in items])
+        return _HEAD(1, 0, oid, n, 1) + _fixed_body("id", items)
     if oid == _BOOL:
-        return _HEAD(1, 0, oid, len(items), 1) + b"".join(
-            [_TRUE if v else _FALSE for v in items])
-    parts, hasnull = _varlen(items, str.encode if oid == _TEXT else None)
-    return _HEAD(1, hasnull, oid, len(items), 1) + b"".join(parts)
+        return _HEAD(1, 0, oid, n, 1) + b"".join([_TRUE if v else _FALSE for v in items])
+    text = oid == _TEXT
+    if None in items:
+        return _HEAD(1, 1, oid, n, 1) + _with_nulls(items, text)
+    return _HEAD(1, 0, oid, n, 1) + _varlen_body(items, text)
 
 
 def _dumper(element_oid: int) -> type[Dumper]:
