@@ -87,7 +87,7 @@ def test_a_journal_record_is_its_event_s_and_its_op_s_result() -> None:
         assert rec.seq == 40 + p.m_rel[row]
         assert msgspec.json.encode(rec.message) == p.m_payload[row]
     # what PgWriter.result makes of them
-    assert records["u-x"].seq == 40 + user
+    assert records["u-x"].seq == 40 + user and records["started"].seq == 40 + started
     assert [records["t1"].seq, records["t2"].seq] == [40 + r for r in calls]
     assert records["r1"].seq == 40 + result and records["r2"].seq == 40 + failed
     assert [records["a1"].seq, records["e1"].seq] == [40 + r for r in finish]

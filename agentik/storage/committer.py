@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import trio
 
 from agentik.storage import ops
@@ -50,36 +51,37 @@ class _Probe:
 PROBE: Final = _Probe()
 
 
-@dataclass(eq=False, slots=True)
-class Request:
-    """A write (or probe) and its answer. Its caller parks in :meth:`wait` until the actor
-    calls :meth:`answer` (on the trio thread): the task itself is rescheduled, with no Event
-    and parking lot per write. A caller cancelled while waiting leaves; the write still
-    happens, and its answer goes to nobody."""
+class Request(msgspec.Struct):
+    """A write (or probe) and its answer. Its caller parks (:meth:`wait`, or ``Storage.write``
+    inline) until the actor calls :meth:`answer` (on the trio thread): the task itself is
+    rescheduled, with no Event and parking lot per write. A caller cancelled while waiting
+    leaves; the write still happens, and its answer goes to nobody. (A Struct: made in C, one
+    per write.)"""
 
     op: ops.AnyOp | _Probe
     result: Any = None
     error: BaseException | None = None
     answered: bool = False
-    _task: trio.lowlevel.Task | None = None
+    #: the caller's task while it waits
+    task: trio.lowlevel.Task | None = None
 
     def answer(self) -> None:
         self.answered = True
-        task, self._task = self._task, None
+        task, self.task = self.task, None
         if task is not None:
             trio.lowlevel.reschedule(task)
+
+    def abort(self, _: Any) -> trio.lowlevel.Abort:
+        """The caller was cancelled while it waited: its answer goes to nobody."""
+        self.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     async def wait(self) -> None:
         if self.answered:
             await trio.lowlevel.checkpoint()
             return
-        self._task = trio.lowlevel.current_task()
-
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            self._task = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        self.task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self.abort)
 
 
 @dataclass(frozen=True, slots=True)
