@@ -13,6 +13,8 @@ from agentik.errors import StorageError
 from agentik.storage import ops, sqlite_ops
 from agentik.storage.writer import Writer
 from agentik.wire import Text, UserItem, UserMessage, decode_common_event, encode
+from tests.test_pg_plan import TRICKY
+from tests.test_pg_plan import _ops as journal_ops
 from tests.test_storage_batch import _create, _send
 
 
@@ -200,4 +202,30 @@ def test_oldest_is_read_back_if_a_seq_had_no_event(
     w.commit_batch([_send("c", "m3"), _send("c", "hole"), _send("c", "m4"), _send("c", "m5")])
     assert _retained(w) == [6, 7]
     assert w.oldest == 6
+    w.close()
+
+
+@pytest.mark.parametrize("body", TRICKY)
+def test_a_journal_row_s_payload_is_its_message_s_json(tmp_path: Path, body: str) -> None:
+    """A journal row's payload is cut from its event's encoding (``sqlite_rows.journal``): it is
+    exactly the message encoded on its own, for every op that journals, tricky text included;
+    the event and its outbox row are the record's."""
+    w = Writer(str(tmp_path / "j.db"), synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
+    cid = 'c"message":'
+    w.commit_batch([ops.CreateConversation(conversation_id=cid, title=None, is_temporal=False,
+                                           system_prompt="s")])
+    batch = [op for op in journal_ops(cid, body) if not isinstance(op, ops.RenameConversation)]
+    result = w.commit_batch(batch)
+    assert not any(isinstance(r, Exception) for r in result.results)
+    rows = w.conn.execute("SELECT id, payload FROM message ORDER BY seq").fetchall()
+    records = {ev.event.event.record.id: ev.event.event.record  # type: ignore[union-attr]
+               for ev in result.events if hasattr(ev.event.event, "record")}
+    assert [r[0] for r in rows] == list(records)
+    for mid, payload in rows:
+        assert payload == encode(records[mid].message)
+    outbox = w.conn.execute('SELECT payload FROM outbox WHERE "offset" >= ? ORDER BY "offset"',
+                            (result.events[0].offset,)).fetchall()
+    assert [bytes(p[0]) for p in outbox] == [ev.raw for ev in result.events]
+    assert [decode_common_event(ev.raw) for ev in result.events] == [
+        ev.event for ev in result.events]
     w.close()

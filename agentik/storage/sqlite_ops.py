@@ -37,7 +37,6 @@ from agentik.wire import (
     CompactionTriggered,
     ConversationRecord,
     Created,
-    DurableEvent,
     Error,
     ErrorEvent,
     Interrupted,
@@ -92,13 +91,11 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
 
 
 def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> MessageRecord:
-    record = journal(conn, tx, op.conversation_id, op.message_id, op.message)
+    record = journal(conn, tx, op.conversation_id, op.message_id, op.message, UserMessageEvent)
     tx.turns += (op.message_id, op.conversation_id,
                  "queued" if op.start is None else "running")  # written by write_rows
     if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
         append_memory(conn, tx, op.conversation_id, op.start, op.message_id)
-    emit(tx, record.seq, op.conversation_id, UserMessageEvent(record=record),
-          kind="conversation")
     return record
 
 
@@ -111,10 +108,7 @@ def _start_turn(conn: sqlite3.Connection, tx: Tx, op: ops.StartTurn) -> None:
 def _tool_calls(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolCalls) -> list[MessageRecord]:
     records = []
     for message_id, call in op.calls:
-        record = journal(conn, tx, op.conversation_id, message_id, call)
-        emit(tx, record.seq, op.conversation_id, ToolCallEvent(record=record),
-              kind="conversation")
-        records.append(record)
+        records.append(journal(conn, tx, op.conversation_id, message_id, call, ToolCallEvent))
     if not op.calls:
         conversation_exists(conn, op.conversation_id)  # an empty round takes no seq
     append_memory(conn, tx, op.conversation_id, op.item, None)
@@ -122,11 +116,8 @@ def _tool_calls(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolCalls) -> li
 
 
 def _tool_result(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolResult) -> MessageRecord:
-    record = journal(conn, tx, op.conversation_id, op.message_id, op.result)
-    event: DurableEvent = (
-        ToolFailed(record=record) if op.result.is_error else ToolResultEvent(record=record)
-    )
-    emit(tx, record.seq, op.conversation_id, event, kind="conversation")
+    record = journal(conn, tx, op.conversation_id, op.message_id, op.result,
+                     ToolFailed if op.result.is_error else ToolResultEvent)
     append_memory(conn, tx, op.conversation_id, op.item, op.message_id)
     return record
 
@@ -135,9 +126,7 @@ def _finish_turn(conn: sqlite3.Connection, tx: Tx, op: ops.FinishTurn) -> list[M
     out: list[MessageRecord] = []
     if op.assistant is not None:
         message_id, answer = op.assistant
-        record = journal(conn, tx, op.conversation_id, message_id, answer)
-        emit(tx, record.seq, op.conversation_id,
-              AssistantMessageEvent(record=record), kind="conversation")
+        record = journal(conn, tx, op.conversation_id, message_id, answer, AssistantMessageEvent)
         if op.item is not None:
             append_memory(conn, tx, op.conversation_id, op.item, message_id)
         out.append(record)
@@ -148,10 +137,7 @@ def _finish_turn(conn: sqlite3.Connection, tx: Tx, op: ops.FinishTurn) -> list[M
               kind="conversation")
     if op.error is not None:
         message_id, error = op.error
-        record = journal(conn, tx, op.conversation_id, message_id, error)
-        emit(tx, record.seq, op.conversation_id, ErrorEvent(record=record),
-              kind="conversation")
-        out.append(record)
+        out.append(journal(conn, tx, op.conversation_id, message_id, error, ErrorEvent))
     if op.forget_from is not None:
         conn.execute("DELETE FROM working_memory WHERE conversation_id=? AND order_idx >= ?",
                      (op.conversation_id, op.forget_from))
@@ -196,9 +182,7 @@ def _recover_turns(conn: sqlite3.Connection, tx: Tx, op: ops.RecoverTurns) -> in
     rows = conn.execute(sql + " ORDER BY t.rowid", args).fetchall()
     for turn_id, conversation_id in rows:
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
-        record = journal(conn, tx, conversation_id, new_id(), error)
-        emit(tx, record.seq, conversation_id, ErrorEvent(record=record),
-              kind="conversation")
+        journal(conn, tx, conversation_id, new_id(), error, ErrorEvent)
         touch(conn, tx, conversation_id)
     if op.conversation_id is None:
         conn.execute("DELETE FROM turn")

@@ -220,12 +220,22 @@ def write_seqs(conn: sqlite3.Connection, tx: Tx) -> None:
         conn.executemany("UPDATE conversation SET seq=? WHERE id=?", pending)
 
 
+#: where a journal event's bytes carry the record's message: right after this (the first such
+#: key: the ones before it are the cursor's, the conversation's, the event's type and the
+#: record's id, seq, conversation and time; an escaped string never holds this sequence), up to
+#: the record's, the event's and the CommonEvent's closing braces (each has it last)
+_MESSAGE = b'"message":'
+
+
 def journal(
-    conn: sqlite3.Connection, tx: Tx, conversation_id: str, message_id: str, message: Message
+    conn: sqlite3.Connection, tx: Tx, conversation_id: str, message_id: str, message: Message,
+    event: type[Any],
 ) -> MessageRecord:
-    """The message's record at the next seq, its row pending in ``tx.messages``. (``alloc``,
-    ``bump``'s note of a conversation already found, ``event_type`` and ``blob`` inline: this
-    runs for every message.)"""
+    """The message's record at the next seq, its row pending in ``tx.messages``, and its event
+    (``event``, one of the events carrying a record) emitted: the event is encoded once and the
+    row's payload is the message's part of it (encoding the message again would give the same
+    bytes). (``alloc``, ``bump``'s note of a conversation already found, ``event_type`` and
+    ``emit`` inline: this runs for every message.)"""
     seq = tx.next_seq
     tx.next_seq = seq + 1
     if conversation_id in tx.seqs:
@@ -233,13 +243,17 @@ def journal(
     else:
         bump(conn, tx, conversation_id, seq)
     now = tx.now
-    payload = bytearray()
-    _encode_into(message, payload)
-    tx.messages += (seq, message_id, conversation_id, type(message).__struct_config__.tag, now,
-                    payload)
-    return MessageRecord(
+    record = MessageRecord(
         id=message_id, seq=seq, conversation_id=conversation_id, created_at=now, message=message
     )
+    common = CommonEvent(cursor=Cursor(epoch=tx.epoch, offset=seq),
+                         conversation_id=conversation_id, event=event(record=record))
+    raw = encode(common)
+    payload = bytearray(memoryview(raw)[raw.index(_MESSAGE) + 10:-3])
+    tx.messages += (seq, message_id, conversation_id, type(message).__struct_config__.tag, now,
+                    payload)
+    tx.events.append(StoredEvent(seq, conversation_id, "conversation", common, raw))
+    return record
 
 
 def write_rows(conn: sqlite3.Connection, tx: Tx) -> None:
