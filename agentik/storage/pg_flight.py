@@ -23,9 +23,11 @@ from typing import Any
 from agentik.storage import ops
 from agentik.storage.pg_plan import Conv, Plan
 
-#: ops whose plan needs only the rows of the conversation they name
-_FOLLOWABLE = (ops.AppendUserMessage, ops.StartTurn, ops.AppendToolCalls, ops.AppendToolResult,
-               ops.FinishTurn, ops.RenameConversation, ops.DeleteConversation)
+#: ops whose plan needs only the rows of the conversation they name (by exact type: an
+#: ``isinstance`` goes through msgspec's metaclass)
+_FOLLOWABLE = frozenset({ops.AppendUserMessage, ops.StartTurn, ops.AppendToolCalls,
+                         ops.AppendToolResult, ops.FinishTurn, ops.RenameConversation,
+                         ops.DeleteConversation})
 
 #: a remembered row to check in the statement: (conversation id, its seq, its last
 #: working-memory index); the seq of a row taken from the flight before is that flight's row,
@@ -57,9 +59,9 @@ def seed_after(p: Plan, batch: list[ops.AnyOp], after: Flight,
     known: list[Known] = []
     seen: set[str] = set()
     for op in batch:
-        if not isinstance(op, _FOLLOWABLE) or getattr(op, "idempotency", None) is not None:
+        if type(op) not in _FOLLOWABLE or getattr(op, "idempotency", None) is not None:
             return None
-        cid = op.conversation_id
+        cid: str = op.conversation_id  # type: ignore[union-attr,assignment]
         if cid in seen:
             continue
         seen.add(cid)

@@ -44,6 +44,15 @@ FROM conversation c WHERE c.id = ANY(%s::text[])
 
 
 
+#: ops whose plan reads nothing but the row of the conversation they name (``_load``; by exact
+#: type: an ``isinstance`` goes through msgspec's metaclass)
+_PLAIN = frozenset({ops.AppendUserMessage, ops.StartTurn, ops.AppendToolCalls,
+                    ops.AppendToolResult, ops.FinishTurn, ops.RenameConversation,
+                    ops.DeleteConversation, ops.CreateConversation})
+#: ops that may carry an Idempotency-Key
+_KEYED = frozenset({ops.CreateConversation, ops.AppendUserMessage})
+
+
 class PgWriter:
     """The PostgreSQL :class:`~agentik.storage.engine.WriterEngine`. Constructed in a worker
     thread; raises StorageError.
@@ -234,9 +243,9 @@ class PgWriter:
         for r in flight.results:
             kind = type(r)
             if kind is int:
-                results.append(events[r - 1].event.event.record)
+                results.append(events[r - 1]._event.event.record)
             elif kind is tuple:
-                results.append([events[i - 1].event.event.record for i in r])
+                results.append([events[i - 1]._event.event.record for i in r])
             elif isinstance(r, AgentikError):
                 results.append(r)
             else:
@@ -290,6 +299,10 @@ class PgWriter:
         tasks: list[str] = []
         compacts: list[str] = []
         for op in batch:
+            kind = type(op)
+            if kind in _PLAIN:  # the common case: an op on the one conversation it names
+                cids.add(op.conversation_id)  # type: ignore[union-attr,arg-type]
+                continue
             if isinstance(op, ops.RecoverTurns) and op.conversation_id not in p.open_turns:
                 sql = ("SELECT t.id, t.conversation_id, c.id IS NOT NULL FROM turn t "
                        "LEFT JOIN conversation c ON c.id = t.conversation_id ")
@@ -318,8 +331,7 @@ class PgWriter:
                 cids.add(cid)
         used = self._load_conversations(p, cids)
         keys = [idem.key for op in batch
-                if isinstance(op, ops.CreateConversation | ops.AppendUserMessage)
-                and (idem := op.idempotency) is not None]
+                if type(op) in _KEYED and (idem := op.idempotency) is not None]  # type: ignore[union-attr]
         if keys:
             stored = {r[0]: (r[1], r[2]) for r in conn.execute(
                 "SELECT key, fingerprint, result_id FROM idempotency_key "
