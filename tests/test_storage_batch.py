@@ -158,3 +158,42 @@ async def test_full_request_queue_still_takes_every_write(target: StorageTarget)
         journal = await st.reader.run(q.journal, None, 0, None, 100)
         assert sorted(r.id for r in journal) == sorted(f"m{i}" for i in range(30))
         assert sorted(r.seq for r in journal) == list(range(2, 32))
+
+
+async def test_only_a_caller_cancelled_before_it_parks_takes_its_request_back() -> None:
+    """``Storage.write`` has no checkpoint of its own: a caller cancelled already is told so as
+    it parks, and only then does ``Request.abort`` take the request back (nothing ran since it
+    was queued). A caller cancelled later, while it waits, leaves its request queued: its write
+    still happens."""
+    from trio.lowlevel import current_task, wait_task_rescheduled
+
+    from agentik.storage.committer import Request
+
+    class Home:
+        def __init__(self) -> None:
+            self.withdrawn: list[Request] = []
+
+        def _withdraw(self, req: Request) -> None:
+            self.withdrawn.append(req)
+
+    home = Home()
+
+    async def park(req: Request, scope: trio.CancelScope) -> None:
+        with scope:
+            req.task = current_task()
+            await wait_task_rescheduled(req.abort)
+
+    early = Request(_send("c1", "early"), home=home)
+    scope = trio.CancelScope()
+    scope.cancel()
+    await park(early, scope)
+    assert home.withdrawn == [early]
+
+    late = Request(_send("c1", "late"), home=home)
+    scope = trio.CancelScope()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(park, late, scope)
+        await trio.testing.wait_all_tasks_blocked()
+        scope.cancel()
+    assert home.withdrawn == [early]
+    assert late.task is None

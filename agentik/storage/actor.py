@@ -95,19 +95,23 @@ class Storage:
 
         Raises the op's own AgentikError (e.g. NotFoundError) if it was refused, StorageError if
         the transaction failed (nothing stored), RuntimeClosedError if storage is shut down. If the
-        caller is cancelled after the request was queued, the write still happens.
+        caller is cancelled after the request was queued, the write still happens; a caller
+        cancelled already when it calls ``write`` queues nothing.
         """
-        await trio.lowlevel.checkpoint_if_cancelled()
         # No schedule point while there is room: one more task switch per write for nothing
         # (the wait below parks the task anyway).
         while self._room <= 0 and not self._closed:
             await self._roomy.park()
         if self._closed or self._committer is None:
+            await trio.lowlevel.checkpoint_if_cancelled()
             raise RuntimeClosedError("storage is closed")
         self._room -= 1
         # Request.wait inline (one coroutine a write fewer): nothing can answer the request
-        # before this task parks, as no schedule point comes between
-        req = Request(op, task=current_task())
+        # before this task parks, as no schedule point comes between. A caller cancelled
+        # already is told so as it parks, before any other task runs: Request.abort then takes
+        # its request back (``_withdraw``), so it was never handed over (this is what
+        # ``checkpoint_if_cancelled`` first did, on every write).
+        req = Request(op, task=current_task(), home=self)
         pending = self._pending
         pending.append(req)
         if len(pending) == 1:
@@ -118,6 +122,16 @@ class Storage:
         if req.error is not None:
             raise req.error
         return req.result
+
+    def _withdraw(self, req: Request) -> None:
+        """Take back the request of a caller that was cancelled before it parked (it is the last
+        one queued: no other task ran since)."""
+        pending = self._pending
+        for i in range(len(pending) - 1, -1, -1):
+            if pending[i] is req:
+                del pending[i]
+                self._answered(1)
+                return
 
     def _answered(self, n: int) -> None:
         self._room += n
@@ -140,7 +154,8 @@ class Storage:
             await self._queued.wait()
             self._queued = trio.Event()
             reqs, self._pending = self._pending, []
-            self._committer.submit(reqs)
+            if reqs:  # empty when the one write of the round was withdrawn
+                self._committer.submit(reqs)
 
     async def _activity_wait(self) -> None:
         self._activity = trio.Event()

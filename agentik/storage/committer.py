@@ -51,7 +51,7 @@ class _Probe:
 PROBE: Final = _Probe()
 
 
-class Request(msgspec.Struct):
+class Request(msgspec.Struct, eq=False):
     """A write (or probe) and its answer. Its caller parks (:meth:`wait`, or ``Storage.write``
     inline) until the actor calls :meth:`answer` (on the trio thread): the task itself is
     rescheduled, with no Event and parking lot per write. A caller cancelled while waiting
@@ -64,6 +64,8 @@ class Request(msgspec.Struct):
     answered: bool = False
     #: the caller's task while it waits
     task: trio.lowlevel.Task | None = None
+    #: the Storage that queued it, if its caller may withdraw it (``Storage.write``)
+    home: Any = None
 
     def answer(self) -> None:
         self.answered = True
@@ -72,8 +74,17 @@ class Request(msgspec.Struct):
             trio.lowlevel.reschedule(task)
 
     def abort(self, _: Any) -> trio.lowlevel.Abort:
-        """The caller was cancelled while it waited: its answer goes to nobody."""
-        self.task = None
+        """The caller was cancelled while it waited: its answer goes to nobody. Cancelled
+        already as it parked (it is the task running: nothing ran since it queued the
+        request), it takes the request back, which was then never handed over."""
+        task, self.task = self.task, None
+        if self.home is not None and task is not None:
+            try:
+                parking = trio.lowlevel.current_task() is task
+            except RuntimeError:  # a deadline expired: the run loop itself cancels
+                parking = False
+            if parking:
+                self.home._withdraw(self)
         return trio.lowlevel.Abort.SUCCEEDED
 
     async def wait(self) -> None:
