@@ -17,6 +17,10 @@ CASES: list[tuple[Any, str]] = [
     (Bools([True, False, True]), "boolean[]"),
     (Texts(["a", "", "ünïcødé ✓", None, "x" * 5000]), "text[]"),
     (Texts([None, None]), "text[]"),
+    (Texts(["a", "b", None]), "text[]"),
+    (Texts(["aa", "b", None, "c"]), "text[]"),
+    (Byteas([b"1", None]), "bytea[]"),
+    (Byteas([b"1", b"22", None]), "bytea[]"),
     (Byteas([b"", b"\x00\xff" * 300, b"abc"]), "bytea[]"),
     # the C-level paths of a column with no NULL: one value repeated, values of one length,
     # values of several lengths (same characters, other bytes: "ü" is two)

@@ -78,9 +78,11 @@ def _fixed_body(code: str, items: list[Any]) -> bytes:
 
 
 def _varlen_body(items: list[Any], text: bool) -> bytes:
-    """The elements of a text or bytea array with no NULL, in C-level passes: a column of one
-    repeated value (a batch's conversation, kind, type, state) is one element repeated; values
-    of one length (ids) are joined around their one prefix."""
+    """The elements of a text or bytea array in C-level passes: a column of one repeated value
+    (a batch's conversation, kind, type, state) is one element repeated; values of one length
+    (ids) are joined around their one prefix. Raises TypeError at a NULL (None has neither an
+    ``encode`` nor a length; AttributeError for a column of NULLs): the caller then takes the
+    slow path, with no scan for one first."""
     n = len(items)
     first = items[0]
     if items.count(first) == n:
@@ -120,9 +122,10 @@ def _dump(oid: int, items: list[Any]) -> bytes:
     if oid == _BOOL:
         return _HEAD(1, 0, oid, n, 1) + b"".join([_TRUE if v else _FALSE for v in items])
     text = oid == _TEXT
-    if None in items:
+    try:
+        return _HEAD(1, 0, oid, n, 1) + _varlen_body(items, text)
+    except (TypeError, AttributeError):  # a NULL (None.encode, len(None))
         return _HEAD(1, 1, oid, n, 1) + _with_nulls(items, text)
-    return _HEAD(1, 0, oid, n, 1) + _varlen_body(items, text)
 
 
 def _dumper(element_oid: int) -> type[Dumper]:
