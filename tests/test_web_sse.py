@@ -15,7 +15,7 @@ import h11
 import httpx2
 import trio
 
-from agentik.sse import BUSY_CHECK, WakeBody, serve_body
+from agentik.sse import _PARK_MAX, BUSY_CHECK, PARK, WakeBody, _parking, serve_body
 from agentik.sse import frame as sse_frame
 from agentik.storage.hub import EventHub
 from agentik.storage.writer import StoredEvent
@@ -604,3 +604,92 @@ async def test_a_stream_that_never_idles_still_ends_on_disconnect(
         await serve_body(Busy(heartbeat=60), receive, send)
     assert exited == [True]
     assert all(m.get("more_body") for m in writes)  # not ended as if the stream had finished
+
+
+class Queued(WakeBody):
+    """A body whose step() writes what the test queued (its source calls wake())."""
+
+    def __init__(self, heartbeat: float) -> None:
+        super().__init__(heartbeat)
+        self.queued: list[bytes] = []
+        self.exited = False
+
+    async def step(self) -> bytes:
+        chunk = b"".join(self.queued)
+        self.queued.clear()
+        return chunk
+
+    def put(self, chunk: bytes) -> None:
+        self.queued.append(chunk)
+        self.wake()
+
+    async def __aenter__(self) -> Queued:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.exited = True
+
+
+async def test_a_stream_that_wrote_events_parks_until_the_next(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Between a model's tokens a stream waits *parked* (agentik.sse.WakeBody._park): woken by
+    its source, with no cancel scope and no wait on the client (issue 13: that idle wait cost
+    about as much as the token's write). A park that runs out falls back to the idle wait; a
+    cancelled park leaves nothing parked."""
+    body = Queued(heartbeat=60)
+    idles: list[float] = []
+
+    async def idle() -> None:
+        idles.append(trio.current_time())
+        await trio.sleep_forever()
+
+    assert await body.next_chunk(idle) == OPENED
+    body.put(b"a")
+    assert await body.next_chunk(idle) == b"a"
+    got: list[bytes] = []
+
+    async def read() -> None:
+        got.append(await body.next_chunk(idle))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        await trio.sleep(PARK / 4)
+        body.put(b"b")
+    assert got == [b"b"]
+    assert idles == []  # parked, not in the idle wait
+    # Nothing comes: the park runs out, then the idle wait (which sees a disconnect).
+    parked_at = trio.current_time()
+    with trio.move_on_after(10 * PARK):
+        await body.next_chunk(idle)
+    assert len(idles) == 1 and PARK <= idles[0] - parked_at <= _PARK_MAX
+    # Cancelled while parked: nothing stays parked.
+    body.put(b"c")
+    assert await body.next_chunk(idle) == b"c"
+    with trio.move_on_after(PARK / 4):
+        await body.next_chunk(idle)
+    assert _parking().parked == {} and len(idles) == 1
+
+
+async def test_a_parked_stream_still_ends_on_disconnect(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A client gone while its stream is parked is noticed once the park runs out."""
+    body = Queued(heartbeat=60)
+    body.queued.append(b"data: x\n\n")
+    disconnect = trio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    writes: list[Any] = []
+
+    async def send(message: Any) -> None:
+        writes.append(message)
+        disconnect.set()  # the client leaves after the first write
+
+    with trio.fail_after(2 * _PARK_MAX):
+        await serve_body(body, receive, send)
+    assert body.exited
+    assert [m["body"] for m in writes] == [OPENED, b"data: x\n\n"]
