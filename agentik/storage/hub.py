@@ -25,6 +25,7 @@ itself. An online stream ends when its reader falls more than ``buffer`` events 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -57,24 +58,28 @@ class _Subscriber:
 
 @dataclass(eq=False)
 class _OnlineSubscriber:
+    """A live subscriber read through a channel (:meth:`EventHub.online_events`)."""
+
     send: trio.MemorySendChannel[CommonEvent]
-    #: called after an event was handed over or the subscriber was closed
-    wake: Callable[[], None] | None = None
 
 
 @dataclass(eq=False)
 class OnlineSubscription:
-    """One live subscriber's end (:meth:`EventHub.subscribe_online`): read ``receive``, then
-    ``close()`` (idempotent, synchronous: safe in any ``finally``)."""
+    """One live subscriber read without waiting (:meth:`EventHub.subscribe_online`): the hub
+    appends each event to ``events`` (oldest first) and then calls ``wake()``; the reader takes
+    them from there (no channel: nothing raised when it is empty, issue 13). ``ended`` is set
+    when the reader fell more than the hub's ``buffer`` behind: nothing more is queued (what
+    was queued before stays, in order) and the hub has dropped it. ``close()`` unsubscribes
+    (idempotent, synchronous: safe in any ``finally``)."""
 
     hub: EventHub
     conversation_id: str
-    sub: _OnlineSubscriber
-    receive: trio.MemoryReceiveChannel[CommonEvent]
+    wake: Callable[[], None] | None
+    events: deque[CommonEvent] = field(default_factory=deque)
+    ended: bool = False
 
     def close(self) -> None:
-        self.hub._unsubscribe_online(self.conversation_id, self.sub)
-        self.receive.close()
+        self.hub._unsubscribe_online(self.conversation_id, self)
 
 
 @dataclass
@@ -85,7 +90,7 @@ class EventHub:
     reader: ReaderEngine
     buffer: int = 4096
     _subs: set[_Subscriber] = field(default_factory=set)
-    _online: dict[str, set[_OnlineSubscriber]] = field(default_factory=dict)
+    _online: dict[str, set[_OnlineSubscriber | OnlineSubscription]] = field(default_factory=dict)
     #: set (and replaced) whenever an online subscriber comes or goes
     _online_changed: trio.Event = field(default_factory=trio.Event)
     #: PostgreSQL cluster: also called with every online event published here
@@ -267,48 +272,64 @@ class EventHub:
         if not subs:
             return
         common = CommonEvent(cursor=None, conversation_id=conversation_id, event=event)
+        # Online events are live-only: a subscriber too slow to keep up is cut off (its stream
+        # ends) rather than fed a stream with holes in the middle of a text.
         for sub in list(subs):
+            if isinstance(sub, OnlineSubscription):
+                if len(sub.events) < self.buffer:
+                    sub.events.append(common)
+                else:
+                    subs.discard(sub)
+                    sub.ended = True
+                if sub.wake is not None:
+                    sub.wake()
+                continue
             try:
                 sub.send.send_nowait(common)
             except (trio.WouldBlock, trio.BrokenResourceError):
-                # Online events are live-only: a subscriber too slow to keep up is cut off (its
-                # stream ends) rather than fed a stream with holes in the middle of a text.
                 subs.discard(sub)
                 sub.send.close()
-            if sub.wake is not None:
-                sub.wake()
 
     def subscribe_online(
         self, conversation_id: str, wake: Callable[[], None] | None = None
     ) -> OnlineSubscription:
         """Subscribe to the live online events of one conversation, from now on (registered when
-        this returns). The receive channel ends if the consumer falls more than ``buffer`` events
-        behind; :meth:`OnlineSubscription.close` unsubscribes. ``wake()`` (if given) is called
-        after each event handed over and when the channel is ended."""
-        send, recv = trio.open_memory_channel[CommonEvent](self.buffer)
-        sub = _OnlineSubscriber(send, wake)
+        this returns), read from :attr:`OnlineSubscription.events`; it ends (``ended``) if the
+        reader falls more than ``buffer`` events behind; :meth:`OnlineSubscription.close`
+        unsubscribes. ``wake()`` (if given) is called after each event queued and when the
+        subscription is ended."""
+        subscription = OnlineSubscription(self, conversation_id, wake)
+        self._subscribe(conversation_id, subscription)
+        return subscription
+
+    def _subscribe(self, conversation_id: str, sub: _OnlineSubscriber | OnlineSubscription) -> None:
         self._online.setdefault(conversation_id, set()).add(sub)
         self._online_change()
-        return OnlineSubscription(self, conversation_id, sub, recv)
 
-    def _unsubscribe_online(self, conversation_id: str, sub: _OnlineSubscriber) -> None:
+    def _unsubscribe_online(
+        self, conversation_id: str, sub: _OnlineSubscriber | OnlineSubscription
+    ) -> None:
         subs = self._online.get(conversation_id)
         if subs is not None:
             subs.discard(sub)
             if not subs:
                 del self._online[conversation_id]
-        sub.send.close()
+        if isinstance(sub, _OnlineSubscriber):
+            sub.send.close()
         self._online_change()
 
     async def online_events(self, conversation_id: str) -> AsyncGenerator[CommonEvent, None]:
-        """Live online events of one conversation, from now on. Ends if the consumer falls more
-        than ``buffer`` events behind."""
-        subscription = self.subscribe_online(conversation_id)
+        """Live online events of one conversation, from now on (subscribed at the first
+        iteration). Ends if the consumer falls more than ``buffer`` events behind."""
+        send, recv = trio.open_memory_channel[CommonEvent](self.buffer)
+        sub = _OnlineSubscriber(send)
+        self._subscribe(conversation_id, sub)
         try:
-            async for ev in subscription.receive:
+            async for ev in recv:
                 yield ev
         finally:
-            subscription.close()
+            self._unsubscribe_online(conversation_id, sub)
+            recv.close()
 
     def online_subscribers(self, conversation_id: str) -> int:
         return len(self._online.get(conversation_id, ()))

@@ -226,15 +226,17 @@ class LiveStream(WakeBody):
     async def step(self) -> bytes:
         if self._ended:
             raise StopAsyncIteration
-        assert self._sub is not None
-        recv = self._sub.receive
-        parts: list[bytes] = []
-        try:
-            while True:
-                parts.append(live_frame(recv.receive_nowait()))
-        except trio.WouldBlock:
-            pass
-        except trio.EndOfChannel:
+        sub = self._sub
+        assert sub is not None
+        events = sub.events
+        if events:
+            parts = [live_frame(ev) for ev in events]
+            events.clear()
+        elif not sub.ended:
+            return b""
+        else:
+            parts = []
+        if sub.ended:
             self._ended = True
             parts.append(self.last)
         return b"".join(parts)
