@@ -356,8 +356,9 @@ BUSY_CHECK = 1.0
 async def serve_body(body: WakeBody, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
     """Stream ``body`` (its response start already sent) in the calling task, the ASGI app's
     own: the idle wait is ``receive()``, so the client's ``http.disconnect`` ends the stream
-    with no task of its own. Entered and exited here; the final body message is sent when the
-    body ends by itself, none after a disconnect (as when Quart's stream is cancelled)."""
+    with no task of its own. Entered and exited here; the final body message is sent (shielded)
+    when the body ends by itself, none after a disconnect (as when Quart's stream is
+    cancelled)."""
 
     async def until_disconnect() -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -394,4 +395,7 @@ async def serve_body(body: WakeBody, receive: ASGIReceiveCallable, send: ASGISen
                     return
         except _ClientGone:
             return
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    # Shielded: hypercorn finishes the connection's bookkeeping inside this send (see
+    # agentik.web.keepalive).
+    with trio.CancelScope(shield=True):
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

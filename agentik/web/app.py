@@ -67,13 +67,15 @@ class AgentikApp(QuartTrio):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        send = shield_response_end(send)  # see agentik.web.keepalive
+        shielded = shield_response_end(send)  # see agentik.web.keepalive
         # An SSE route hands its body off (agentik.web.sse): Quart answers, then the stream runs
         # here, in this task, with Quart's tasks and request objects gone.
         handoff = Handoff()
         cast("dict[str, object]", scope)[HANDOFF] = handoff
-        await super().__call__(scope, handoff.wrap_receive(receive), handoff.wrap_send(send))
+        await super().__call__(scope, handoff.wrap_receive(receive), handoff.wrap_send(shielded))
         if handoff.body is not None and not handoff.disconnected:
+            # hypercorn's own send: serve_body shields the response's end itself (one wrapper
+            # less per streamed chunk)
             await serve_body(handoff.body, receive, send)
 
     def log_exception(self, exception_info: Any) -> None:
