@@ -44,15 +44,19 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     parameters: dict[str, Any] = {}
 
 
-class TextDelta(msgspec.Struct, frozen=True):
+# The deltas hold strings and numbers only: never in a reference cycle, so the collector need not
+# track them (gc=False: one or more a token).
+
+
+class TextDelta(msgspec.Struct, frozen=True, gc=False):
     text: str
 
 
-class ReasoningDelta(msgspec.Struct, frozen=True):
+class ReasoningDelta(msgspec.Struct, frozen=True, gc=False):
     text: str
 
 
-class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True):
+class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A fragment of a tool call. ``index`` identifies the call within the round; ``id`` and
     ``name`` are set (assigned, never appended) when present; ``arguments`` is appended."""
 
@@ -62,12 +66,12 @@ class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True):
     arguments: str = ""
 
 
-class UsageDelta(msgspec.Struct, frozen=True, kw_only=True):
+class UsageDelta(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
 
-class FinishDelta(msgspec.Struct, frozen=True):
+class FinishDelta(msgspec.Struct, frozen=True, gc=False):
     reason: str | None
 
 

@@ -6,7 +6,7 @@ list (:func:`sanitize_messages`); the streamed chunks as LlmDeltas (:class:`Roun
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -168,18 +168,22 @@ def sanitize_messages(messages: Sequence[Message]) -> list[Message]:
 # --- stream chunks in ---------------------------------------------------------------------------
 
 
-class _Fn(msgspec.Struct):
+# gc=False: decoded from JSON, these never form a reference cycle, and one chunk a token is
+# decoded into four or five of them (the collector need not track them)
+
+
+class _Fn(msgspec.Struct, gc=False):
     name: str | None = None
     arguments: str | None = None
 
 
-class _ToolCallFragment(msgspec.Struct):
+class _ToolCallFragment(msgspec.Struct, gc=False):
     index: int | None = None
     id: str | None = None
     function: _Fn | None = None
 
 
-class Delta(msgspec.Struct):
+class Delta(msgspec.Struct, gc=False):
     content: str | None = None
     refusal: str | None = None
     reasoning_content: str | None = None
@@ -187,18 +191,18 @@ class Delta(msgspec.Struct):
     tool_calls: list[_ToolCallFragment] | None = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     index: int | None = 0
     delta: Delta | None = None
     finish_reason: str | None = None
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     prompt_tokens: int | None = 0
     completion_tokens: int | None = 0
 
 
-class Chunk(msgspec.Struct):
+class Chunk(msgspec.Struct, gc=False):
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
     error: Any = None
@@ -216,39 +220,44 @@ class RoundReader:
         self.calls = ToolCallAssembler()
         self.finished = False
 
-    def deltas(self, chunk: Chunk) -> Iterable[LlmDelta]:
+    def deltas(self, chunk: Chunk) -> list[LlmDelta]:
+        """The chunk's deltas, in order (a list, not a generator: one chunk a token, most with
+        one text delta)."""
         if chunk.error is not None:
             raise LlmResponseError(f"error in the LLM stream: {chunk.error!r}")
+        out: list[LlmDelta] = []
         for choice in chunk.choices or ():
             if choice.index not in (0, None):
                 continue
             if choice.delta is not None:
-                yield from self._delta(choice.delta)
+                self._delta(choice.delta, out)
             if choice.finish_reason is not None:
-                yield from self.finish(str(choice.finish_reason))
+                out.extend(self.finish(str(choice.finish_reason)))
         usage = chunk.usage
         if usage is not None:
-            yield UsageDelta(
+            out.append(UsageDelta(
                 prompt_tokens=int(usage.prompt_tokens or 0),
                 completion_tokens=int(usage.completion_tokens or 0),
-            )
+            ))
+        return out
 
-    def finish(self, reason: str | None) -> Iterable[LlmDelta]:
+    def finish(self, reason: str | None) -> list[LlmDelta]:
         """The round's end: ids for calls the server sent without one (so their results can be
         matched), then the FinishDelta."""
-        yield from self.calls.name_missing_ids()
+        out: list[LlmDelta] = [*self.calls.name_missing_ids()]
         if reason is not None:
             self.finished = True
-        yield FinishDelta(reason)
+        out.append(FinishDelta(reason))
+        return out
 
-    def _delta(self, delta: Delta) -> Iterable[LlmDelta]:
+    def _delta(self, delta: Delta, out: list[LlmDelta]) -> None:
         reasoning = delta.reasoning_content or delta.reasoning
         if reasoning:
-            yield ReasoningDelta(reasoning)
+            out.append(ReasoningDelta(reasoning))
         for piece in (delta.content, delta.refusal):
             if piece:
                 self.text.append(piece)
-                yield TextDelta(piece)
+                out.append(TextDelta(piece))
         for fragment in delta.tool_calls or ():
             if not isinstance(fragment.index, int):
                 raise LlmResponseError(f"tool call delta without an integer index: {fragment!r}")
@@ -260,7 +269,7 @@ class RoundReader:
                 arguments=(function.arguments if function is not None else None) or "",
             )
             self.calls.add(call)
-            yield call
+            out.append(call)
 
     def message(self) -> Message:
         """The assistant's message for the history."""

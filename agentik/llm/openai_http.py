@@ -117,8 +117,12 @@ def _plain(headers: Mapping[str, Any]) -> dict[str, str]:
 def data_lines(rest: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
     """The stripped payloads of the complete ``data:`` lines in ``rest + chunk`` (CR, LF or CRLF
     ends a line), and the unfinished rest to prepend to the next chunk."""
-    text = rest + chunk
+    text = rest + chunk if rest else chunk
     if b"\r" in text:
         text = text.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     *lines, rest = text.split(b"\n")
-    return [line[5:].strip() for line in lines if line.startswith(b"data:")], rest
+    datas = []
+    for line in lines:  # (a loop, not a comprehension: no function call per chunk)
+        if line.startswith(b"data:"):
+            datas.append(line[5:].strip())
+    return datas, rest
