@@ -260,14 +260,17 @@ class ConversationActor(TurnEndings):
         # aclosing: the backend's stream (and its HTTP response) is released at once even
         # when this loop is left by a cancel or an error, not whenever the GC gets to it.
         stream = self.llm_conv.send_stream(content, max_output_tokens=max_output)
+        # per delta (a model's token): the hub's publish and this conversation's id looked up once
+        publish, cid = self.deps.storage.hub.publish_online, self.h.conversation_id
+        apply_delta = logic.apply_delta
         async with aclosing(stream):
             async for delta in stream:
                 if self._awaiting_first_token is not None:
                     metrics.TIME_TO_FIRST_TOKEN.observe(
                         time.perf_counter() - self._awaiting_first_token)
                     self._awaiting_first_token = None
-                for event in logic.apply_delta(state, delta):
-                    self.online(event)
+                for event in apply_delta(state, delta):
+                    publish(cid, event)
 
     # --- context (SPEC §5, docs/CONTEXT.md; the decisions are agentik.context's) ----------------
 

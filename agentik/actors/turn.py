@@ -110,6 +110,11 @@ def new_round(state: TurnState) -> None:
 
 def apply_delta(state: TurnState, delta: LlmDelta) -> list[OnlineEvent]:
     """Fold one delta into the state; return the online events to publish for it."""
+    if type(delta) is TextDelta and state.started_response:  # most deltas: a token of text
+        if not delta.text:
+            return []
+        state.round_text.append(delta.text)
+        return [AppendText(text=delta.text)]
     match delta:
         case TextDelta(text=text):
             if not text:
