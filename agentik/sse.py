@@ -19,13 +19,15 @@ bodies of :mod:`agentik.web.sse` (agentik's own streams) and :mod:`agentik.a2a.w
   wait for the client's ``http.disconnect``: an idle agentik SSE stream is one task (hypercorn's)
   and no Quart request machinery (issue 13: memory per idle connection; see
   :mod:`agentik.web.sse`).
-- *Parking*: a body that has just written events (a model's tokens come 20-100 ms apart) waits
-  for the next ones parked, for PARK to 1.5 PARK seconds, before that idle wait: its task is
-  off the run queue with no cancel scope, no deadline and no wait on the client, and
-  :meth:`WakeBody.wake` reschedules it. The idle wait's cancel scope and the ``Cancelled`` that
-  ends it cost about as much as the token's write (issue 13: 759k -> 638k instructions per
-  streamed token under ``agentik serve``, callgrind). A client gone meanwhile is noticed when
-  the park runs out, or within :data:`BUSY_CHECK` while the stream writes.
+- *Parking*: a body that has just written events (one with :attr:`WakeBody.parks`: the live
+  stream, whose events are a model's tokens 20-100 ms apart) waits for the next ones parked,
+  for PARK to 1.5 PARK seconds, before that idle wait: its task is off the run queue with no
+  cancel scope, no deadline and no wait on the client, and :meth:`WakeBody.wake` reschedules
+  it. The idle wait's cancel scope and the ``Cancelled`` that ends it cost about as much as the
+  token's write (issue 13: 759k -> 638k instructions per streamed token under ``agentik
+  serve``, callgrind). A client gone meanwhile is noticed when the park runs out, or within
+  :data:`BUSY_CHECK` while the stream writes. The durable streams do not park: their events
+  are sparse, and their disconnects are noticed at once.
 """
 
 from __future__ import annotations
@@ -183,6 +185,11 @@ class WakeBody(ResponseBody):
     or the heartbeat; :func:`serve_body` also ends it when the client disconnects.
     """
 
+    #: whether a write of events is followed by a park (module docstring: parking), for a
+    #: stream whose events come close together (a model's tokens); its client's disconnect is
+    #: then noticed up to _PARK_MAX seconds late
+    parks = False
+
     def __init__(self, heartbeat: float, *, opened: bytes = OPENED) -> None:
         self._heartbeat = heartbeat
         self._first = opened
@@ -243,7 +250,7 @@ class WakeBody(ResponseBody):
             now = trio.current_time()
             if chunk or now >= self._deadline:
                 self._deadline = now + self._heartbeat
-                self._may_park = bool(chunk)
+                self._may_park = self.parks and bool(chunk)
                 return chunk or HEARTBEAT
             # No checkpoint since step() saw nothing queued: no wake can be missed.
             if self._may_park:

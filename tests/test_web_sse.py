@@ -607,7 +607,9 @@ async def test_a_stream_that_never_idles_still_ends_on_disconnect(
 
 
 class Queued(WakeBody):
-    """A body whose step() writes what the test queued (its source calls wake())."""
+    """A body whose step() writes what the test queued (its source calls wake()); it parks."""
+
+    parks = True
 
     def __init__(self, heartbeat: float) -> None:
         super().__init__(heartbeat)

@@ -208,6 +208,8 @@ class LiveStream(WakeBody):
     """
 
     last = ended_frame("overflow")
+    #: a model's tokens come close together: wait for the next one parked (agentik.sse)
+    parks = True
 
     def __init__(
         self,
