@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 from quart.wrappers.response import ResponseBody
 
+from agentik.parking import PARK_MAX, Parking, current_parking
+
 if TYPE_CHECKING:
     from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 
@@ -187,7 +189,7 @@ class WakeBody(ResponseBody):
 
     #: whether a write of events is followed by a park (module docstring: parking), for a
     #: stream whose events come close together (a model's tokens); its client's disconnect is
-    #: then noticed up to _PARK_MAX seconds late
+    #: then noticed up to PARK_MAX seconds late
     parks = False
 
     def __init__(self, heartbeat: float, *, opened: bytes = OPENED) -> None:
@@ -200,7 +202,7 @@ class WakeBody(ResponseBody):
         self._parked: trio.lowlevel.Task | None = None
         #: the last write carried events: the next wait may be a park
         self._may_park = False
-        self._parking: _Parking | None = None
+        self._parking: Parking | None = None
 
     def wake(self) -> None:
         """There may be something for :meth:`step` now. Synchronous; called from the source's
@@ -208,19 +210,19 @@ class WakeBody(ResponseBody):
         if self._parked is not None:
             assert self._parking is not None
             del self._parking.parked[self]
-            self._unpark()
+            self.unpark()
         elif self._idle is not None:
             self._idle.cancel()
 
-    def _unpark(self) -> None:
+    def unpark(self) -> None:
         task, self._parked = self._parked, None
         assert task is not None
         trio.lowlevel.reschedule(task)
 
     async def _park(self, now: float) -> None:
         """Wait for a wake without the idle wait (module docstring: parking); returns when
-        woken or once the park ran out (PARK to _PARK_MAX seconds)."""
-        parking = self._parking = _parking()
+        woken or once the park ran out (PARK to PARK_MAX seconds)."""
+        parking = self._parking = current_parking()
         self._parked = trio.lowlevel.current_task()
         parking.park(self, now)
 
@@ -257,7 +259,7 @@ class WakeBody(ResponseBody):
                 # Events were just written: the next ones are likely close (a model's tokens).
                 # Park once, if the heartbeat is not due before the park may end.
                 self._may_park = False
-                if self._deadline - now > _PARK_MAX:
+                if self._deadline - now > PARK_MAX:
                     await self._park(now)
                     continue
             self._idle = trio.CancelScope(deadline=self._deadline)
@@ -278,61 +280,6 @@ class WakeBody(ResponseBody):
 
     async def __anext__(self) -> bytes:
         return await self.next_chunk(trio.sleep_forever)
-
-
-#: seconds a stream that has just written events waits for the next ones *parked* (see the
-#: module docstring) before its idle wait; a park lasts PARK to _PARK_MAX seconds
-PARK = 1.0
-_PARK_MAX = 1.5 * PARK
-
-
-class _Parking:
-    """The parked bodies of one trio run, in the order they parked (each with the time it
-    parked), and the one task that ends the parks that ran out: a system task, started by the
-    first park, that looks every PARK / 2 seconds while any body is parked."""
-
-    def __init__(self) -> None:
-        self.parked: dict[WakeBody, float] = {}
-        self._started = False
-        #: set by the next park while the task waits for one
-        self._parked_again: trio.Event | None = None
-
-    def park(self, body: WakeBody, now: float) -> None:
-        self.parked[body] = now
-        if self._parked_again is not None:
-            self._parked_again.set()
-            self._parked_again = None
-        elif not self._started:
-            self._started = True
-            trio.lowlevel.spawn_system_task(self._end_parks, name="agentik.sse.parking")
-
-    async def _end_parks(self) -> None:
-        while True:
-            if not self.parked:
-                self._parked_again = trio.Event()
-                await self._parked_again.wait()
-            await trio.sleep(PARK / 2)
-            since = trio.current_time() - PARK
-            over = []
-            for body, parked_at in self.parked.items():  # oldest first
-                if parked_at > since:
-                    break
-                over.append(body)
-            for body in over:
-                del self.parked[body]
-                body._unpark()
-
-
-_PARKING: trio.lowlevel.RunVar[_Parking] = trio.lowlevel.RunVar("agentik.sse.parking")
-
-
-def _parking() -> _Parking:
-    try:
-        return _PARKING.get()
-    except LookupError:
-        parking = _Parking()
-        _PARKING.set(parking)
-        return parking
 
 
 async def drain(recv: trio.MemoryReceiveChannel[bytes], write: Callable[[bytes], Awaitable[bool]]) -> bool:

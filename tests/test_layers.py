@@ -38,8 +38,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "agentik", "agentik.runtime", "agentik.agent", "agentik.agent_handles", "agentik.testing",
         "agentik.cluster",
     ),
-    # agentik.sse: the SSE frame and bodies both front doors use (below web/ and a2a/)
-    "front": ("agentik.web", "agentik.a2a", "agentik.sse"),
+    # agentik.sse: the SSE frame and bodies both front doors use (below web/ and a2a/);
+    # agentik.parking: how its bodies wait between a live stream's tokens
+    "front": ("agentik.web", "agentik.a2a", "agentik.sse", "agentik.parking"),
     "client": ("agentik.client",),
     "cli": ("agentik.cli", "agentik.check"),
 }

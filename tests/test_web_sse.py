@@ -15,7 +15,8 @@ import h11
 import httpx2
 import trio
 
-from agentik.sse import _PARK_MAX, BUSY_CHECK, PARK, WakeBody, _parking, serve_body
+from agentik.parking import PARK, PARK_MAX, current_parking
+from agentik.sse import BUSY_CHECK, WakeBody, serve_body
 from agentik.sse import frame as sse_frame
 from agentik.storage.hub import EventHub
 from agentik.storage.writer import StoredEvent
@@ -664,13 +665,13 @@ async def test_a_stream_that_wrote_events_parks_until_the_next(
     parked_at = trio.current_time()
     with trio.move_on_after(10 * PARK):
         await body.next_chunk(idle)
-    assert len(idles) == 1 and PARK <= idles[0] - parked_at <= _PARK_MAX
+    assert len(idles) == 1 and PARK <= idles[0] - parked_at <= PARK_MAX
     # Cancelled while parked: nothing stays parked.
     body.put(b"c")
     assert await body.next_chunk(idle) == b"c"
     with trio.move_on_after(PARK / 4):
         await body.next_chunk(idle)
-    assert _parking().parked == {} and len(idles) == 1
+    assert current_parking().parked == {} and len(idles) == 1
 
 
 async def test_a_parked_stream_still_ends_on_disconnect(
@@ -691,7 +692,7 @@ async def test_a_parked_stream_still_ends_on_disconnect(
         writes.append(message)
         disconnect.set()  # the client leaves after the first write
 
-    with trio.fail_after(2 * _PARK_MAX):
+    with trio.fail_after(2 * PARK_MAX):
         await serve_body(body, receive, send)
     assert body.exited
     assert [m["body"] for m in writes] == [OPENED, b"data: x\n\n"]

@@ -259,13 +259,9 @@ class OpenAiConversation:
                     # decoder layer of aiter_bytes (one async generator less per chunk)
                     body = (response.aiter_bytes() if "content-encoding" in response.headers
                             else response.aiter_raw())
-                    next_chunk = body.__anext__
                     rest = b""
                     while not done:
-                        try:
-                            chunk: bytes | None = await next_chunk()
-                        except StopAsyncIteration:
-                            chunk = None  # the body ended
+                        chunk = await anext(body, None)  # None: the body ended
                         datas, rest = data_lines(rest, b"\n" if chunk is None else chunk)
                         for data in datas:
                             if data == b"[DONE]":

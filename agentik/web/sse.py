@@ -208,8 +208,7 @@ class LiveStream(WakeBody):
     """
 
     last = ended_frame("overflow")
-    #: a model's tokens come close together: wait for the next one parked (agentik.sse)
-    parks = True
+    parks = True  # a model's tokens come close together (agentik.sse: parking)
 
     def __init__(
         self,
@@ -230,14 +229,10 @@ class LiveStream(WakeBody):
             raise StopAsyncIteration
         sub = self._sub
         assert sub is not None
-        events = sub.events
-        if events:
-            parts = [live_frame(ev) for ev in events]
-            events.clear()
-        elif not sub.ended:
+        if not sub.events and not sub.ended:
             return b""
-        else:
-            parts = []
+        parts = [live_frame(ev) for ev in sub.events]
+        sub.events.clear()
         if sub.ended:
             self._ended = True
             parts.append(self.last)
