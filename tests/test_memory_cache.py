@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import agentik
 from agentik.actors.memory import WorkingMemory
@@ -74,6 +75,23 @@ async def test_read_once_per_actor_and_kept_in_step_with_its_writes(
                             if isinstance(messages[-1], UserItem)
                             and messages[-1].content == [Text(body="plain")])
             assert reopened == [item for _, item in stored][: len(reopened)]
+        # created here: its working memory (the system prompt) was known, never read
+        assert reads == [], "a created conversation's working memory was read"
+        async with agentik.open_runtime(config, llm=llm, tools=tools) as agent:
+            # cold-loaded: read once, then kept in step
+            cold = await agent.get_conversation(conv.id)
+            assert cold is not None
+            storage = agent._deps.storage
+            for text in ["plain", "add"]:
+                after = storage.hub.current_cursor()
+                await cold.send(text)
+                async for ev in agent.outbox.conversation_events(after, conv.id):
+                    if ev.type == "touched":
+                        break
+                await trio.testing.wait_all_tasks_blocked()  # the actor took its answer's item
+                assert await memories[-1].items() == await run(storage.reader, working_memory,
+                                                               conv.id)
+    assert len(memories) == 2
     assert reads == [conv.id], "working memory was read again"
 
 

@@ -66,7 +66,8 @@ class ConversationActor(TurnEndings):
         self.h = handle
         self.deps = handle.deps
         #: read once, then kept in step with this actor's writes (all through memory.write)
-        self.memory = WorkingMemory(handle.deps.storage, handle.conversation_id)
+        self.memory = WorkingMemory(handle.deps.storage, handle.conversation_id,
+                                    handle.take_memory())
         self.llm_conv: LiteConversation | None = None
         self.llm_tools: tuple[ToolSpec, ...] = ()
         #: perf_counter at the running turn's start; None once its first delta was timed

@@ -25,7 +25,7 @@ from agentik.actors.messages import MailboxMessage, Turn
 from agentik.errors import BusyError, ConversationFailedError, MailboxFullError
 from agentik.ids import new_id
 from agentik.storage import ops
-from agentik.wire import Content, MessageContext, MessageRecord, UserMessage
+from agentik.wire import Content, MessageContext, MessageRecord, UserMessage, WorkingItem
 
 
 class HandleClosed(Exception):
@@ -70,6 +70,14 @@ class ConversationHandle:
     idle: bool = False
     exited: trio.Event = field(default_factory=trio.Event)
     crashes: deque[float] = field(default_factory=deque)
+    #: the working memory of a conversation just created (its system prompt, as stored), for
+    #: its first actor incarnation only (``take_memory``): a restarted one reads storage
+    memory: list[tuple[int, WorkingItem]] | None = None
+
+    def take_memory(self) -> list[tuple[int, WorkingItem]] | None:
+        """The known working memory (once; None after, or when not known)."""
+        memory, self.memory = self.memory, None
+        return memory
 
     def busy(self) -> bool:
         """A turn is running, being stored or waiting in the mailbox."""

@@ -14,6 +14,10 @@ is read once per actor incarnation and then kept in step with the actor's own wr
   write that raised (refused, failed, cancelled: it may or may not be stored, or be stored later
   by the registry, see ``actors/ending.py``) drop the copy: the next read goes to storage again;
 - any other op leaves the copy alone only if it cannot touch working memory.
+
+A conversation the registry has just created starts with its copy given (``items``): its working
+memory is the system prompt the creating write stored with it, at ``order_idx`` 1 (both writers
+number a conversation's items from its highest + 1), so its first turn reads nothing.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ Items = list[tuple[int, WorkingItem]]
 class WorkingMemory:
     """One conversation's working memory as (order_idx, item), read once, kept by own writes."""
 
-    def __init__(self, storage: Storage, conversation_id: str) -> None:
+    def __init__(self, storage: Storage, conversation_id: str, items: Items | None = None) -> None:
+        """``items``: the working memory as stored, when the caller knows it (a conversation
+        just created, module docstring); None: read it from storage when first needed."""
         self._storage = storage
         self._conversation_id = conversation_id
-        self._items: Items | None = None
+        self._items: Items | None = items
 
     async def items(self) -> Items:
         """The working memory in ``order_idx`` order (a copy: the caller may keep it)."""

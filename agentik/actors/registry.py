@@ -31,7 +31,7 @@ from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.health import RETRY
 from agentik.storage.queries import get_conversation, idempotency_key
-from agentik.wire import Content, ConversationRecord, MessageContext
+from agentik.wire import Content, ConversationRecord, MessageContext, SystemItem, WorkingItem
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +49,17 @@ class Registry:
         #: the event set once they are stored or dropped
         self._unsettled: dict[str, tuple[list[ops.AnyOp], trio.Event]] = {}
 
-    async def _start(self, conversation_id: str) -> ConversationHandle:
+    async def _start(
+        self, conversation_id: str, memory: list[tuple[int, WorkingItem]] | None = None
+    ) -> ConversationHandle:
+        """Start the conversation's actor; ``memory``: its working memory when known (a
+        conversation just created: its first turn then reads none)."""
         await self._settled(conversation_id)
         leases = self.deps.storage.leases
         if leases is not None:  # a PostgreSQL cluster: own it first (NotOwnerError if not ours)
             await leases.claim(conversation_id)
         send, recv = trio.open_memory_channel[MailboxMessage](self.deps.config.mailbox_size)
-        handle = ConversationHandle(conversation_id, self.deps, self, send, recv)
+        handle = ConversationHandle(conversation_id, self.deps, self, send, recv, memory=memory)
         self.live[conversation_id] = handle
         metrics.LIVE_CONVERSATIONS.inc()
         await self.nursery.start(partial(supervise, handle))
@@ -72,15 +76,18 @@ class Registry:
             if replayed is not None:
                 return await self._replayed_conversation(replayed)
         conversation_id = new_id()
+        system_prompt = self.deps.config.system_prompt
         result: ConversationRecord | ops.Replayed = await self.deps.storage.write(
             ops.CreateConversation(
                 conversation_id=conversation_id, title=title, is_temporal=temp,
-                system_prompt=self.deps.config.system_prompt, idempotency=idempotency,
+                system_prompt=system_prompt, idempotency=idempotency,
             )
         )
         if isinstance(result, ops.Replayed):
             return await self._replayed_conversation(result.result_id)
-        await self._start(conversation_id)
+        # Its working memory is what that write stored: the system prompt, the first item
+        # (order_idx 1 in both writers), so the actor need not read it back (issue 13).
+        await self._start(conversation_id, memory=[(1, SystemItem(text=system_prompt))])
         return result
 
     async def _replayed(self, idem: ops.Idempotency) -> str | None:
