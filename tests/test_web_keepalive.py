@@ -15,6 +15,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import trio
@@ -128,3 +129,47 @@ async def test_sse_and_websocket_streams_are_not_idle(tmp_path: Path) -> None:
                     with trio.fail_after(10):
                         reply = await ws.get_message()
                     assert '"p1"' in reply
+
+
+async def test_a_response_of_known_length_ends_with_its_last_body_message() -> None:
+    """agentik.web.keepalive (issue 13): the body message that completes a response with a
+    Content-Length is sent as its last one (shielded) and Quart's empty end after it is not
+    passed on; a response without a length is passed on message by message."""
+    from agentik.web.keepalive import shield_response_end
+
+    sent: list[tuple[str, bytes, bool, bool]] = []
+
+    async def send(message: Any) -> None:
+        shielded = True
+        try:
+            await trio.lowlevel.checkpoint()  # each is sent in a cancelled scope (below)
+        except trio.Cancelled:
+            shielded = False
+            raise
+        finally:
+            sent.append((message["type"], message.get("body", b""),
+                         message.get("more_body", False), shielded))
+
+    async def wrapped(message: Any) -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await shield_response_end_send(message)
+
+    shield_response_end_send = shield_response_end(send)
+    start = {"type": "http.response.start", "status": 202,
+             "headers": [(b"content-type", b"application/json"), (b"Content-Length", b"5")]}
+    for message in [start,
+                    {"type": "http.response.body", "body": b"he", "more_body": True},
+                    {"type": "http.response.body", "body": b"llo", "more_body": True},
+                    {"type": "http.response.body", "body": b"", "more_body": False}]:
+        await wrapped(message)
+    assert sent[1:] == [("http.response.body", b"he", True, False),
+                        ("http.response.body", b"llo", False, True)]
+    sent.clear()
+    stream = {"type": "http.response.start", "status": 200, "headers": []}
+    for message in [stream,
+                    {"type": "http.response.body", "body": b"a", "more_body": True},
+                    {"type": "http.response.body", "body": b"", "more_body": False}]:
+        await wrapped(message)
+    assert sent[1:] == [("http.response.body", b"a", True, False),
+                        ("http.response.body", b"", False, True)]
