@@ -105,7 +105,8 @@ def _statements_only_events_per_s(url: str, *, batch: int, batches: int) -> floa
     connection: what the database alone costs for this benchmark's events, with no planning,
     actor or feed around it (and the same prepared-statement path)."""
     from agentik.storage.pg_fence import ownership
-    from agentik.storage.pg_plan import Plan, plan_op
+    from agentik.storage.pg_plan import Plan
+    from agentik.storage.pg_plan_ops import plan_op
     from agentik.storage.pg_statement import commit_statement
     from agentik.storage.pg_writer import PgWriter
 

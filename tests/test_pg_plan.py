@@ -12,7 +12,8 @@ import msgspec
 import pytest
 
 from agentik.storage import ops
-from agentik.storage.pg_plan import Conv, Plan, plan_op
+from agentik.storage.pg_plan import Conv, Plan
+from agentik.storage.pg_plan_ops import plan_op
 from agentik.storage.pg_reader import row_to_event
 from agentik.wire import (
     AssistantMessage,

@@ -28,21 +28,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from trio.lowlevel import current_task, reschedule, wait_task_rescheduled
+from trio.lowlevel import current_task, wait_task_rescheduled
 
-from agentik import metrics
 from agentik.errors import (
-    AgentikError,
-    LeaseLostError,
     RuntimeClosedError,
-    StorageError,
-    StorageUnavailableError,
 )
 from agentik.storage import ops
 from agentik.storage.committer import PROBE, Committer, Done, Outcome, Request
-from agentik.storage.engine import ReaderEngine, WriterEngine, is_transient
+from agentik.storage.engine import ReaderEngine, WriterEngine
 from agentik.storage.health import RETRY, Backoff, StorageHealth, retry_until_stored
 from agentik.storage.hub import EventHub
+from agentik.storage.outcomes import deliver
 from agentik.storage.pg_connect import DEFAULT_TIMEOUT
 from agentik.storage.queries import Reader
 from agentik.storage.writer import Writer
@@ -225,7 +221,7 @@ async def run_storage(
             task_status.started(storage)
             async for outcome in outcomes:
                 assert isinstance(outcome, Outcome)  # DONE comes only after stop()
-                _deliver(hub, storage, outcome, feed)
+                deliver(hub, storage, outcome, feed)
     finally:
         with trio.CancelScope(shield=True):
             await _shut_down(storage, engines, outcomes, feed)
@@ -243,7 +239,7 @@ async def _shut_down(storage: Storage, engines: _Engines,
         async for outcome in outcomes:
             if not isinstance(outcome, Outcome):
                 break
-            _deliver(storage.hub, storage, outcome, feed)
+            deliver(storage.hub, storage, outcome, feed)
         committer.close()
     unsent, storage._pending = storage._pending, []
     for req in (committer.leftovers() if committer is not None else []) + unsent:
@@ -345,80 +341,3 @@ async def probe_while_refused(
                 await probe()
             else:
                 delays = backoff.delays()
-
-
-def _deliver(hub: EventHub, storage: Storage, outcome: Outcome, feed: Any) -> None:
-    """Report one outcome of the writer thread: health, stats, publish, answer its callers."""
-    batch, result = outcome.batch, outcome.result
-    if isinstance(result, BaseException):
-        _failed(storage, batch + outcome.probes, result)
-        return
-    storage.health.accepted()
-    for req in outcome.probes:
-        req.answer()
-    if not batch:
-        return
-    storage.stats.batches += 1
-    storage.stats.ops += len(batch)
-    storage.stats.largest_batch = max(storage.stats.largest_batch, len(batch))
-    storage.stats.followed += outcome.followed
-    metrics.STORAGE_COMMIT.observe(outcome.elapsed)
-    metrics.STORAGE_BATCH.observe(len(batch))
-    metrics.EVENTS_COMMITTED.inc(len(result.events))
-
-    def answer() -> None:
-        # Request.answer inline: this runs for every write
-        for req, value in zip(batch, result.results, strict=True):
-            if isinstance(value, AgentikError):
-                if isinstance(value, LeaseLostError) and storage.leases is not None:
-                    cid = getattr(req.op, "conversation_id", None)
-                    if isinstance(cid, str):
-                        storage.leases.fenced_out(cid)
-                req.error = value
-            else:
-                req.result = value
-            req.answered = True
-            task = req.task
-            if task is not None:
-                req.task = None
-                reschedule(task)
-        storage._answered(len(batch))
-
-    if feed is None:
-        hub.publish(result.events, result.oldest, result.head)
-        answer()
-    else:
-        # Every node's events (this one's too) reach the hub through the feed, in global order;
-        # callers are answered once their batch is published there.
-        feed.own(result.events, result.oldest, result.head, answer)
-
-
-def _failed(storage: Storage, reqs: list[Request], exc: BaseException) -> None:
-    """A batch (or probe) that stored nothing: every caller gets the error."""
-    error: type[StorageError] = StorageError
-    writes = sum(1 for r in reqs if r.op is not PROBE)
-    if writes == 0:  # a probe: whatever went wrong, the store still refuses writes
-        if not isinstance(exc, StorageError):  # a probe must never take storage down
-            log.error("the storage probe failed", exc_info=exc)
-        storage.health.refused(str(exc) if isinstance(exc, StorageError)
-                               else f"probe failed: {type(exc).__name__}: {exc}")
-        for req in reqs:
-            req.answer()
-        return
-    if isinstance(exc, StorageError):
-        if is_transient(exc):
-            # StorageHealth logs the outage once when it starts and once when it ends; retries
-            # during it are not news (one line per attempt would flood the log for its length).
-            log.debug("storage batch of %d refused: %s", writes, exc)
-            error = StorageUnavailableError
-            storage.health.refused(str(exc))
-        else:
-            log.error("storage batch of %d failed: %s", writes, exc)
-        message = str(exc)
-    else:  # a defect in the engine: the batch is lost, the writer goes on
-        log.error("storage batch of %d failed", writes, exc_info=exc)
-        message = f"write failed, nothing stored: {type(exc).__name__}: {exc}"
-    for req in reqs:
-        req.error = error(message)
-        req.answer()
-    storage._answered(writes)

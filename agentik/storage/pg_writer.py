@@ -25,7 +25,8 @@ from agentik.storage.pg_arrays import Int8s
 from agentik.storage.pg_connect import DEFAULT_TIMEOUT, answer_within, connect, set_limits
 from agentik.storage.pg_fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
 from agentik.storage.pg_flight import Flight, resolve, seed_after
-from agentik.storage.pg_plan import Conv, Plan, plan_op
+from agentik.storage.pg_plan import Conv, Plan
+from agentik.storage.pg_plan_ops import plan_op
 from agentik.storage.pg_schema import channel, migrate
 from agentik.storage.pg_send import Sender
 from agentik.storage.pg_statement import commit_statement
