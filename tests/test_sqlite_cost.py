@@ -18,8 +18,14 @@ from tests.test_pg_plan import _ops as journal_ops
 from tests.test_storage_batch import _create, _send
 
 
-def test_every_op_has_its_function() -> None:
-    assert set(sqlite_ops._APPLY) == set(typing.get_args(ops.AnyOp))
+def test_every_op_has_its_function_on_both_engines() -> None:
+    """Each engine dispatches ops by exact type through its own table: an op added to
+    ``ops.AnyOp`` and missing from either would be a KeyError at its first write."""
+    from agentik.storage import pg_plan_ops
+
+    every = set(typing.get_args(ops.AnyOp))
+    assert set(sqlite_ops._APPLY) == every
+    assert set(pg_plan_ops._PLAN) == every
 
 
 def test_payloads_are_stored_as_blobs_of_their_json(tmp_path: Path) -> None:
