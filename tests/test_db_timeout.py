@@ -9,6 +9,7 @@ import re
 import signal
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -23,8 +24,8 @@ from agentik.storage.actor import Storage
 from tests.test_pg_cluster import create, node, send
 
 
-async def _refused_then_back(st: Storage, cid: str, release: object, *, within: float,
-                             match: str, late: ops.AnyOp | None = None) -> None:
+async def _refused_then_back(st: Storage, cid: str, release: Callable[[], object], *,
+                             within: float, match: str, late: ops.AnyOp | None = None) -> None:
     """A write fails with StorageUnavailableError matching ``match`` in ``within`` seconds and the
     store is reported refusing; after ``release()`` the probe makes it writable again with no
     write, and the next write is stored."""
@@ -34,7 +35,7 @@ async def _refused_then_back(st: Storage, cid: str, release: object, *, within: 
     assert time.monotonic() - started < within + 5
     assert not st.health.writable and st.health.error is not None
     assert re.search(match, st.health.error)  # /readyz reports the reason
-    release()  # type: ignore[operator]
+    release()
     with trio.fail_after(30):
         await st.health.wait_writable()
     await st.write(send(cid, "after"))

@@ -50,10 +50,16 @@ class Connection(psycopg.Connection[Any]):
         try:
             return super().wait(gen, *args, **kwargs)
         except _WAIT_TIMEOUT:
-            self.close()
-            raise psycopg.OperationalError(
-                f"the database did not answer within {self.answer_within:g} s; the connection "
-                "was dropped") from None
+            raise gave_up(self) from None
+
+
+def gave_up(conn: psycopg.Connection[Any]) -> psycopg.OperationalError:
+    """Close ``conn``, whose server did not answer within its ``answer_within`` (taken for
+    gone), and return the error that says so."""
+    conn.close()
+    return psycopg.OperationalError(
+        f"the database did not answer within {getattr(conn, 'answer_within', None):g} s; the "
+        "connection was dropped")
 
 
 def connect(url: str, *, timeout: float, limits: bool = True) -> Connection:

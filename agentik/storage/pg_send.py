@@ -28,6 +28,8 @@ from psycopg import abc, pq
 from psycopg.abc import Buffer
 from psycopg.adapt import PyFormat, Transformer
 
+from agentik.storage.pg_connect import gave_up
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[bs]")
 
 
@@ -62,14 +64,11 @@ class Sender:
     """One statement in flight at a time on ``conn`` (which is used for nothing else meanwhile).
     Made per connection: its prepared statements live and die with it."""
 
-    def __init__(self, conn: psycopg.Connection[Any], answer_within: float | None = None) -> None:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
         self._pg = conn.pgconn
         self._prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self.in_flight = False
-        #: seconds without any answer before the server is taken for gone (None: wait forever);
-        #: the connection is then closed (``pg_connect``)
-        self.answer_within = answer_within
         #: time.monotonic() when the statement in flight was sent
         self._sent_at = 0.0
         #: a statement went out and its answer was not read (the connection failed first): the
@@ -162,10 +161,12 @@ class Sender:
         return out
 
     def remaining(self) -> float | None:
-        """Seconds left for the statement in flight to answer (None: no limit)."""
-        if self.answer_within is None:
+        """Seconds left for the statement in flight to answer: the connection's
+        ``answer_within`` (``pg_connect.Connection``) from when it was sent; None: no limit."""
+        within: float | None = getattr(self._conn, "answer_within", None)
+        if within is None:
             return None
-        return max(0.0, self._sent_at + self.answer_within - time.monotonic())
+        return max(0.0, self._sent_at + within - time.monotonic())
 
     def _select(self, read: list[int], write: list[int]) -> None:
         """Wait until the socket is ready, until ``answer_within`` seconds after the statement
@@ -174,10 +175,7 @@ class Sender:
         outcome is unknown)."""
         ready = select.select(read, write, [], self.remaining())
         if not (ready[0] or ready[1]):
-            self._conn.close()
-            raise psycopg.OperationalError(
-                f"the database did not answer within {self.answer_within:g} s; the connection "
-                "was dropped")
+            raise gave_up(self._conn)
 
 
 def _error(res: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> psycopg.Error:

@@ -22,7 +22,7 @@ import psycopg
 from agentik.errors import AgentikError, StorageError
 from agentik.storage import ops
 from agentik.storage.pg_arrays import Int8s
-from agentik.storage.pg_connect import DEFAULT_TIMEOUT, answer_within, connect, set_limits
+from agentik.storage.pg_connect import DEFAULT_TIMEOUT, connect, set_limits
 from agentik.storage.pg_fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
 from agentik.storage.pg_flight import Flight, resolve, seed_after
 from agentik.storage.pg_plan import Conv, Plan
@@ -108,7 +108,7 @@ class PgWriter:
         #: this connection's server session (pid, start), ended by :meth:`_settle` if it is
         #: lost with a commit of unknown outcome
         self._session: tuple[int, Any] = (self.backend_pid, row[0] if row else None)
-        self._sender = Sender(conn, answer_within(self.timeout))
+        self._sender = Sender(conn)  # bounded by conn.answer_within (pg_connect)
         return conn
 
     def answer_remaining(self) -> float | None:
