@@ -119,16 +119,18 @@ class Plan:
     memory_cut: list[tuple[str, int, int]] = field(default_factory=list)
     #: turns inserted by this batch: id -> (conversation_id, state, rel)
     turns: dict[str, tuple[str, str, int]] = field(default_factory=dict)
-    turns_running: list[str] = field(default_factory=list)
-    turns_deleted: list[str] = field(default_factory=list)
+    #: (conversation id, turn id) of turns the batch starts or ends
+    turns_running: list[tuple[str, str]] = field(default_factory=list)
+    turns_deleted: list[tuple[str, str]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     #: A2A task seqs as read (absolute) or written by this batch ("rel", r)
     tasks: dict[str, int | tuple[str, int] | None] = field(default_factory=dict)
     task_rows: list[tuple[str, str, str | None, str, int, bytes]] = field(default_factory=list)
     #: pre-read for ops that need more than the conversation rows
     compact_first: dict[str, int | None] = field(default_factory=dict)
-    #: RecoverTurns' open turns by its conversation filter: (turn id, conversation id), orphans
-    open_turns: dict[str | None, tuple[list[tuple[str, str]], list[str]]] = field(
+    #: RecoverTurns' open turns by its conversation filter: (turn id, conversation id), and the
+    #: orphans (conversation id, turn id) whose conversation is gone
+    open_turns: dict[str | None, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = field(
         default_factory=dict)
     temporary: list[str] | None = None
     #: conversations created by this batch (their owner row is this node's, fence 1)

@@ -86,7 +86,7 @@ def _start_turn(p: Plan, op: ops.StartTurn) -> Result:
     if queued is not None:
         p.turns[op.turn_id] = (queued[0], "running", queued[2])
     else:
-        p.turns_running.append(op.turn_id)
+        p.turns_running.append((op.conversation_id, op.turn_id))
     return _NONE
 
 
@@ -123,7 +123,7 @@ def _finish_turn(p: Plan, op: ops.FinishTurn) -> Result:
         made.append(p.journal(p.require(cid), message_id, error, ErrorEvent))
     if op.turn_id is not None:
         if p.turns.pop(op.turn_id, None) is None:
-            p.turns_deleted.append(op.turn_id)
+            p.turns_deleted.append((cid, op.turn_id))
     p.touch(cid)
     return tuple(made)
 
@@ -153,7 +153,7 @@ def _recover_turns(p: Plan, op: ops.RecoverTurns) -> Result:
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
         p.journal(p.require(cid), new_id(), error, ErrorEvent)
         p.touch(cid)
-        p.turns_deleted.append(turn_id)
+        p.turns_deleted.append((cid, turn_id))
         closed += 1
     p.turns_deleted.extend(orphans)
     return const(closed)

@@ -24,7 +24,7 @@ import psycopg
 
 from agentik.storage.schema import apply_migrations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -118,8 +118,23 @@ _V4 = """
 CREATE INDEX a2a_task_by_conversation ON a2a_task (conversation_id);
 """
 
+#: fewer index entries an event (issue 17's durable rate): the TTL trim finds its bound in one
+#: mark a batch (``outbox_mark``: the batch's last offset and its time; every outbox row of a batch
+#: has the batch's time) instead of an index entry an outbox row, and a turn's primary key leads
+#: with its conversation, so one index serves a conversation's turns and a turn by id. Existing
+#: outbox rows get their marks here (one a distinct time: the newest offset of that time).
+_V5 = """
+CREATE TABLE outbox_mark ("offset" BIGINT PRIMARY KEY, created_at DOUBLE PRECISION NOT NULL);
+CREATE INDEX outbox_mark_by_time ON outbox_mark (created_at);
+INSERT INTO outbox_mark SELECT max("offset"), created_at FROM outbox GROUP BY created_at;
+DROP INDEX outbox_by_time;
+ALTER TABLE turn DROP CONSTRAINT turn_pkey;
+DROP INDEX turn_by_conversation;
+ALTER TABLE turn ADD PRIMARY KEY (conversation_id, id);
+"""
+
 #: version -> script that brings a schema from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 
 def migrate(conn: psycopg.Connection[Any]) -> str:

@@ -73,9 +73,13 @@ _TURN = """ti AS (INSERT INTO turn (id, conversation_id, state, seq)
     SELECT r.id, r.cid, r.state, c.base + r.rel FROM c,
     unnest(%(t_id)b::text[], %(t_cid)b::text[], %(t_state)b::text[], %(t_rel)b::bigint[])
     AS r(id, cid, state, rel))"""
-_TURN_RUN = """tr AS (UPDATE turn SET state = 'running' FROM c WHERE turn.id = ANY(%(t_run)b::text[]))"""
+#: a turn is named by (conversation, id): its primary key
+_TURN_RUN = """tr AS (UPDATE turn SET state = 'running' FROM c,
+    unnest(%(tr_cid)b::text[], %(tr_id)b::text[]) AS r(cid, id)
+    WHERE turn.conversation_id = r.cid AND turn.id = r.id)"""
 _TURN_END = """td AS (DELETE FROM turn USING c
-    WHERE turn.id = ANY(%(t_del)b::text[]) OR turn.conversation_id = ANY(%(del)b::text[]))"""
+    WHERE (turn.conversation_id, turn.id) IN (SELECT * FROM unnest(%(td_cid)b::text[], %(td_id)b::text[]))
+       OR turn.conversation_id = ANY(%(del)b::text[]))"""
 #: a deleted conversation's rows and A2A tasks (its outbox rows stay: they are the stream's
 #: history; the plan drops task upserts of the batch for it)
 _DELETED = """dm AS (DELETE FROM message USING c WHERE message.conversation_id = ANY(%(del)b::text[])),
@@ -102,11 +106,17 @@ _KEYS = """ii AS (INSERT INTO idempotency_key (key, fingerprint, result_id, crea
         result_id = EXCLUDED.result_id, created_at = EXCLUDED.created_at,
         expires_at = EXCLUDED.expires_at)"""
 #: trimming removes only a prefix of offsets (cap, then TTL), so what is retained stays one
-#: contiguous range. The TTL's bound is found through outbox_by_time (one index descent): the
-#: newest row older than the cutoff; everything up to its offset goes.
+#: contiguous range. The TTL's bound is found in ``outbox_mark`` (one index descent): the newest
+#: batch older than the cutoff; everything up to its last offset goes, with the marks it covers.
+#: A batch with events leaves its mark (its last offset and its time, which every one of its
+#: outbox rows has): one row a batch instead of an index entry an event.
 _TRIM = """tc AS (DELETE FROM outbox USING c WHERE outbox."offset" <= c.base + %(n)s - %(cap)s),
-tb AS (SELECT "offset" FROM outbox WHERE created_at < %(cutoff)s ORDER BY created_at DESC LIMIT 1),
-tt AS (DELETE FROM outbox WHERE "offset" <= (SELECT "offset" FROM tb))"""
+tb AS (SELECT "offset" FROM outbox_mark WHERE created_at < %(cutoff)s ORDER BY created_at DESC LIMIT 1),
+tt AS (DELETE FROM outbox WHERE "offset" <= (SELECT "offset" FROM tb)),
+tm AS (DELETE FROM outbox_mark USING c WHERE outbox_mark."offset"
+       <= GREATEST((SELECT "offset" FROM tb), c.base + %(n)s - %(cap)s)),
+mk AS (INSERT INTO outbox_mark ("offset", created_at) SELECT c.base + %(n)s, %(now)s FROM c
+       WHERE %(n)s > 0)"""
 #: base, the NOTIFY, and what the oldest retained offset is computed from: the lowest offset
 #: before this statement and the TTL trim's bound
 _RESULT = """SELECT c.base, CASE WHEN %(n)s > 0 THEN pg_notify(%(chan)s, (c.base + %(n)s)::text) END,
@@ -211,10 +221,11 @@ def _state_rows(p: Plan, parts: list[str], args: dict[str, Any]) -> None:
                     t_state=[r[1][1] for r in t], t_rel=[r[1][2] for r in t])
     if p.turns_running:
         parts.append(_TURN_RUN)
-        args["t_run"] = p.turns_running
+        args.update(tr_cid=[r[0] for r in p.turns_running], tr_id=[r[1] for r in p.turns_running])
     if p.turns_deleted or p.deleted:
         parts.append(_TURN_END)
-        args.update(t_del=p.turns_deleted, **{"del": p.deleted})
+        args.update(td_cid=[r[0] for r in p.turns_deleted], td_id=[r[1] for r in p.turns_deleted],
+                    **{"del": p.deleted})
     if p.deleted:
         parts.append(_DELETED)
     if p.task_rows:
