@@ -6,6 +6,7 @@ in a fresh schema and drops it."""
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 import uuid
@@ -170,20 +171,27 @@ async def pg_group_commit(quick: bool) -> dict[str, Any]:
     row, a turn row and the conversation's seq, in the one-statement commit that bumps the
     counter); events reach the node's hub through its feed before a writer is answered. Group
     commit with 256 concurrent writers (batches up to 512) and at batch 100 (200 writers,
-    ``max_batch=100``) vs one commit per event (``max_batch=1``, 64 writers), and in the same run
-    the plain psycopg loop of ../shared/SCALEOUT.md at batch 100: its event shape (journal +
-    outbox row, ~230 bytes) and this benchmark's rows (no planning, no actor, no feed), and
-    agentik's own commit statements for batches of 100 run back to back (the database's share),
-    and agentik's writer alone at batch 100 (the engine's share: planning, statement, stamping,
-    pipelined as the writer thread runs it, without the actor around it)."""
+    ``max_batch=100``; the median of 5 samples, with the lowest and highest) vs one commit per
+    event (``max_batch=1``, 64 writers), and in the same run the plain psycopg loop of
+    ../shared/SCALEOUT.md at batch 100: its event shape (journal + outbox row, ~230 bytes) and
+    this benchmark's rows (no planning, no actor, no feed), and agentik's own commit statements
+    for batches of 100 run back to back (the database's share), and agentik's writer alone at
+    batch 100 (the engine's share: planning, statement, stamping, pipelined as the writer thread
+    runs it, without the actor around it)."""
     per_writer = 25 if quick else 100
     batches = 50 if quick else 200
     with pg_schema() as url:
         grouped, largest = await _durable_events_per_s(url, max_batch=512, writers=256,
                                                        per_writer=per_writer)
-    with pg_schema() as url:
-        at100, _ = await _durable_events_per_s(url, max_batch=100, writers=200,
-                                               per_writer=per_writer)
+    # the goal's figure, as the median of several samples: one sample (20,000 events, under a
+    # second) moves by a quarter from run to run with the disk and the other core's load
+    samples = []
+    for _ in range(3 if quick else 5):
+        with pg_schema() as url:
+            rate, _ = await _durable_events_per_s(url, max_batch=100, writers=200,
+                                                  per_writer=per_writer)
+            samples.append(rate)
+    at100 = statistics.median(samples)
     with pg_schema() as url:
         single, _ = await _durable_events_per_s(url, max_batch=1, writers=64,
                                                 per_writer=per_writer // 2)
@@ -204,6 +212,8 @@ async def pg_group_commit(quick: bool) -> dict[str, Any]:
         "events_per_s": round(grouped),
         "largest_batch": largest,
         "batch100_events_per_s": round(at100),
+        "batch100_min": round(min(samples)),
+        "batch100_max": round(max(samples)),
         "baseline_events_per_s": round(single),
         "ratio": round(grouped / single, 1),
         "plain_batch100_events_per_s": round(plain),
