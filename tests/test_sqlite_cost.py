@@ -142,12 +142,12 @@ def test_the_trims_run_only_when_due(tmp_path: Path) -> None:
     w.commit_batch([_create("c"), _send("c", "m1")])  # offsets 1, 2
     assert not [s for s in statements if "DELETE FROM outbox" in s or "created_at <" in s]
     w.commit_batch([_send("c", "m2"), _send("c", "m3")])  # 3, 4: the cap trims 1
-    assert sum("DELETE FROM outbox" in s for s in statements) == 1
+    assert sum("DELETE FROM outbox " in s for s in statements) == 1
     assert (w.oldest, _retained(w)) == (2, [2, 3, 4])
     statements.clear()
     now[0] = 1011.0
     w.commit_batch([_send("c", "m4")])  # 5: the cap trims 2, the TTL 3 and 4 (t=1000)
-    assert sum("DELETE FROM outbox" in s for s in statements) == 2
+    assert sum("DELETE FROM outbox " in s for s in statements) == 2
     assert (w.oldest, _retained(w)) == (5, [5])
     statements.clear()
     now[0] = 1015.0

@@ -15,6 +15,14 @@ Tables:
 - ``idempotency_key`` (v3): Idempotency-Keys of writes (``ops.Idempotency``), stored in the
   write's transaction; ``result_id`` is what the first write returned; rows past ``expires_at``
   are ignored and deleted by later writes.
+- ``outbox_mark`` (v5): one row per batch that stored events, (the offset of its last event, its
+  ``created_at``): every outbox row of a batch has the batch's time, so the newest outbox row
+  older than a cutoff is the newest mark older than it, which is where the TTL trim finds its
+  bound (one index insert a batch instead of ``outbox_by_time``'s one an event). Marks are
+  trimmed with the outbox (those at or below its new oldest - 1).
+- ``turn`` (v5): keyed by (conversation_id, id), WITHOUT ROWID (one B-tree instead of the
+  table, its id index and ``turn_by_conversation``: every turn look-up names its conversation);
+  ``seq`` is the offset of the turn's user message (start-up recovery closes turns in order).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -104,8 +112,32 @@ _V4 = """
 CREATE INDEX a2a_task_by_conversation ON a2a_task (conversation_id);
 """
 
+# The marks of an existing outbox: the newest offset of each created_at (what one mark a batch
+# gives when every batch has its own time, and the same bounds when two share one). The turns
+# keep their rows, in the order of their messages (the offset recovery orders them by).
+_V5 = """
+CREATE TABLE outbox_mark ("offset" INTEGER PRIMARY KEY, created_at REAL NOT NULL);
+CREATE INDEX outbox_mark_by_time ON outbox_mark (created_at);
+INSERT INTO outbox_mark ("offset", created_at)
+    SELECT MAX("offset"), created_at FROM outbox GROUP BY created_at;
+DROP INDEX outbox_by_time;
+CREATE TABLE turn_v5 (
+    conversation_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (conversation_id, id)
+) WITHOUT ROWID;
+INSERT INTO turn_v5 (conversation_id, id, state, seq)
+    SELECT t.conversation_id, t.id, t.state,
+           COALESCE((SELECT m.seq FROM message m WHERE m.id = t.id), 0)
+    FROM turn t;
+DROP TABLE turn;
+ALTER TABLE turn_v5 RENAME TO turn;
+"""
+
 #: version -> script that brings a database from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 
 def apply_migrations(

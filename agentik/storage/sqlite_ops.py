@@ -92,8 +92,8 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
 
 def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> MessageRecord:
     record = journal(conn, tx, op.conversation_id, op.message_id, op.message, UserMessageEvent)
-    tx.turns += (op.message_id, op.conversation_id,
-                 "queued" if op.start is None else "running")  # written by write_rows
+    tx.turns += (op.conversation_id, op.message_id,
+                 "queued" if op.start is None else "running", record.seq)  # by write_rows
     if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
         append_memory(conn, tx, op.conversation_id, op.start, op.message_id)
     return record
@@ -102,7 +102,8 @@ def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) ->
 def _start_turn(conn: sqlite3.Connection, tx: Tx, op: ops.StartTurn) -> None:
     conversation_exists(conn, op.conversation_id)  # takes no seq: checked up front
     append_memory(conn, tx, op.conversation_id, op.item, op.turn_id)
-    conn.execute("UPDATE turn SET state='running' WHERE id=?", (op.turn_id,))
+    conn.execute("UPDATE turn SET state='running' WHERE conversation_id=? AND id=?",
+                 (op.conversation_id, op.turn_id))
 
 
 def _tool_calls(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolCalls) -> list[MessageRecord]:
@@ -142,7 +143,8 @@ def _finish_turn(conn: sqlite3.Connection, tx: Tx, op: ops.FinishTurn) -> list[M
         conn.execute("DELETE FROM working_memory WHERE conversation_id=? AND order_idx >= ?",
                      (op.conversation_id, op.forget_from))
     if op.turn_id is not None:
-        conn.execute("DELETE FROM turn WHERE id=?", (op.turn_id,))
+        conn.execute("DELETE FROM turn WHERE conversation_id=? AND id=?",
+                     (op.conversation_id, op.turn_id))
     touch(conn, tx, op.conversation_id)
     return out
 
@@ -179,7 +181,7 @@ def _recover_turns(conn: sqlite3.Connection, tx: Tx, op: ops.RecoverTurns) -> in
     if op.conversation_id is not None:
         sql += " WHERE t.conversation_id = ?"
         args = (op.conversation_id,)
-    rows = conn.execute(sql + " ORDER BY t.rowid", args).fetchall()
+    rows = conn.execute(sql + " ORDER BY t.seq", args).fetchall()  # in the order they came
     for turn_id, conversation_id in rows:
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
         journal(conn, tx, conversation_id, new_id(), error, ErrorEvent)

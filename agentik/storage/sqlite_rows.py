@@ -98,9 +98,9 @@ class Tx:
     #: sets a conversation's seq itself (a rename) sets 0 here, or an older seq would win.
     seqs: dict[str, int] = field(default_factory=dict)
     #: rows not written yet (``write_rows``), one flat list of values a table: the journal's
-    #: (``journal``, 6 a row) and the new turns' (3 a row)
+    #: (``journal``, 6 a row) and the new turns' (4 a row)
     messages: list[Any] = field(default_factory=list)
-    turns: list[str] = field(default_factory=list)
+    turns: list[Any] = field(default_factory=list)
 
 
 def emit(
@@ -151,17 +151,21 @@ _insert_outbox = RowsInsert(
     'INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload)', 5)
 _insert_message = RowsInsert(
     "INSERT INTO message (seq, id, conversation_id, type, created_at, payload)", 6)
-_insert_turn = RowsInsert("INSERT INTO turn (id, conversation_id, state)", 3)
+_insert_turn = RowsInsert("INSERT INTO turn (conversation_id, id, state, seq)", 4)
 
 
 def write_outbox(conn: sqlite3.Connection, tx: Tx) -> None:
-    """The outbox rows of every event the transaction emitted, in one statement: an op reads no
-    outbox row, so they are written together at the end of the batch (before its trim)."""
+    """The outbox rows of every event the transaction emitted, in one statement, and the batch's
+    mark (``schema``: ``outbox_mark``, the TTL trim's bound): an op reads no outbox row, so they
+    are written together at the end of the batch (before its trim)."""
     now = tx.now
     values: list[Any] = []
     for ev in tx.events:
         values += (ev.offset, ev.conversation_id, ev.kind, now, bytearray(ev.raw))
     _insert_outbox(conn, values)
+    # its last event's offset (events are emitted in offset order)
+    conn.execute('INSERT INTO outbox_mark ("offset", created_at) VALUES (?, ?)',
+                 (tx.events[-1].offset, now))
 
 
 _encode_into = msgspec.json.Encoder().encode_into

@@ -100,9 +100,9 @@ class Writer:
         return int(row[0]) if row and row[0] is not None else next_seq
 
     def _oldest_created(self) -> float:
-        """The oldest ``created_at`` in the outbox (one descent of ``outbox_by_time``), +inf when
-        it is empty."""
-        row = self.conn.execute("SELECT MIN(created_at) FROM outbox").fetchone()
+        """The oldest ``created_at`` in the outbox (one descent of ``outbox_mark_by_time``: the
+        marks have the times of the outbox rows), +inf when it is empty."""
+        row = self.conn.execute("SELECT MIN(created_at) FROM outbox_mark").fetchone()
         return float(row[0]) if row and row[0] is not None else math.inf
 
     def close(self) -> None:
@@ -223,18 +223,27 @@ class Writer:
         head = tx.next_seq - 1
         oldest = self.oldest
         if oldest <= head - self.outbox_cap:
-            conn.execute('DELETE FROM outbox WHERE "offset" <= ?', (head - self.outbox_cap,))
+            self._drop_prefix(head - self.outbox_cap)
             oldest = head - self.outbox_cap + 1
         cutoff = tx.now - self.outbox_ttl
         if oldest_time < cutoff:
             # The newest row older than the cutoff and every offset before it (a prefix, even if
-            # the clock went back): one descent of outbox_by_time.
+            # the clock went back): the newest mark older than it (``schema``: every row of a
+            # batch has its batch's time, and its mark the batch's last offset), one descent of
+            # outbox_mark_by_time.
             row = conn.execute(
-                'SELECT MAX("offset") FROM outbox INDEXED BY outbox_by_time WHERE created_at < ?',
+                'SELECT MAX("offset") FROM outbox_mark INDEXED BY outbox_mark_by_time '
+                "WHERE created_at < ?",
                 (cutoff,),
             ).fetchone()
             if row[0] is not None:
-                conn.execute('DELETE FROM outbox WHERE "offset" <= ?', (row[0],))
+                self._drop_prefix(row[0])
                 oldest = row[0] + 1  # head + 1 (next_seq) when nothing is left
             oldest_time = self._oldest_created()
         return oldest, oldest_time
+
+    def _drop_prefix(self, last: int) -> None:
+        """Trim the outbox up to offset ``last`` and the marks with it: a mark kept is its
+        batch's last offset, above ``last``, so it still dates that batch's rows that are kept."""
+        self.conn.execute('DELETE FROM outbox WHERE "offset" <= ?', (last,))
+        self.conn.execute('DELETE FROM outbox_mark WHERE "offset" <= ?', (last,))
