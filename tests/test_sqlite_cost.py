@@ -166,7 +166,7 @@ def test_rows_insert_writes_every_row_in_few_statement_shapes(tmp_path: Path) ->
 
     conn = sqlite3.connect(str(tmp_path / "i.db"), isolation_level=None)
     conn.execute("CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT, c BLOB)")
-    insert = RowsInsert("INSERT INTO t (a, b, c)", 3)
+    insert = RowsInsert("INSERT INTO t (a, b, c)", "({}, {}, {})")
     statements: list[str] = []
     conn.set_trace_callback(statements.append)
     start = 0
@@ -234,4 +234,41 @@ def test_a_journal_row_s_payload_is_its_message_s_json(tmp_path: Path, body: str
     assert [bytes(p[0]) for p in outbox] == [ev.raw for ev in result.events]
     assert [decode_common_event(ev.raw) for ev in result.events] == [
         ev.event for ev in result.events]
+    w.close()
+
+
+def test_coded_columns_are_stored_as_their_text(tmp_path: Path) -> None:
+    """An outbox row's kind, a journal row's type and a turn's state are bound as small ints and
+    stored as their text by the statement (``sqlite_rows.RowsInsert``'s CASE): every kind, every
+    message type and both states come back as the text they stood for; the batch's one time is
+    every row's."""
+    from agentik.storage import sqlite_rows
+
+    now = [1234.5]
+    w = Writer(str(tmp_path / "k.db"), synchronous="OFF", outbox_cap=1000, outbox_ttl=3600,
+               clock=lambda: now[0])
+    w.commit_batch([_create("c")])
+    result = w.commit_batch([
+        *journal_ops("c", "b"), _send("c", "queued-one"),
+        ops.PutA2ATask(task_id="t", context_id="x", conversation_id="c", state="working",
+                       expect_seq=None, task=b"{}", update=b"{}"),
+    ])
+    assert not any(isinstance(r, Exception) for r in result.results)
+    conn = w.conn
+    outbox = conn.execute('SELECT "offset", kind, created_at FROM outbox ORDER BY "offset"')
+    assert [(o, k) for o, k, _ in outbox] == [(1, "agent")] + [
+        (ev.offset, ev.kind) for ev in result.events]
+    assert {ev.kind for ev in result.events} | {"agent"} == set(sqlite_rows.KINDS)
+    types = conn.execute("SELECT type, created_at FROM message ORDER BY seq").fetchall()
+    tags = [ev.event.event.record.message.__struct_config__.tag  # type: ignore[union-attr]
+            for ev in result.events if hasattr(ev.event.event, "record")]
+    assert [t for t, _ in types] == tags
+    assert set(tags) == {c.__struct_config__.tag for c in typing.get_args(sqlite_rows.Message)}
+    assert {t for _, t in types} == {1234.5}
+    assert sorted(conn.execute("SELECT id, state FROM turn")) == [
+        ("queued-one", "queued"), ("u-b", "queued")]
+    w.commit_batch([ops.AppendUserMessage(conversation_id="c", message_id="s",
+                                          message=UserMessage(content=[Text(body="s")]),
+                                          start=UserItem(content=[Text("s")]))])
+    assert conn.execute("SELECT state FROM turn WHERE id='s'").fetchone() == ("running",)
     w.close()

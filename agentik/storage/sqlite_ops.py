@@ -17,6 +17,8 @@ from agentik.errors import ConflictError, IdempotencyKeyReusedError
 from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.sqlite_rows import (
+    QUEUED,
+    RUNNING,
     StoredEvent,
     Tx,
     alloc,
@@ -93,7 +95,7 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
 def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> MessageRecord:
     record = journal(conn, tx, op.conversation_id, op.message_id, op.message, UserMessageEvent)
     tx.turns += (op.conversation_id, op.message_id,
-                 "queued" if op.start is None else "running", record.seq)  # by write_rows
+                 QUEUED if op.start is None else RUNNING, record.seq)  # by write_rows
     if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
         append_memory(conn, tx, op.conversation_id, op.start, op.message_id)
     return record

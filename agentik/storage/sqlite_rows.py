@@ -15,6 +15,7 @@ AppendUserMessage, and at the end: only an AppendUserMessage may run with rows p
 from __future__ import annotations
 
 import sqlite3
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,10 +98,31 @@ class Tx:
     #: the seq their row must still be given (0: the row has its latest seq already). An op that
     #: sets a conversation's seq itself (a rename) sets 0 here, or an older seq would win.
     seqs: dict[str, int] = field(default_factory=dict)
-    #: rows not written yet (``write_rows``), one flat list of values a table: the journal's
-    #: (``journal``, 6 a row) and the new turns' (4 a row)
+    #: rows not written yet, one flat list of values a table (``RowsInsert``, the batch's time
+    #: bound once for all): the journal's (``journal``, 5 a row) and the new turns' (4 a row),
+    #: written by ``write_rows``; the outbox's (``emit``, ``journal``: 4 a row, one an event of
+    #: ``events``), by ``write_outbox``
     messages: list[Any] = field(default_factory=list)
     turns: list[Any] = field(default_factory=list)
+    outbox: list[Any] = field(default_factory=list)
+
+
+#: an outbox row's kind, bound as its index here (``RowsInsert``: a small int binds for a tenth
+#: of a string, which sqlite3 copies); a kind not listed fails the statement (NOT NULL)
+KINDS = ("agent", "conversation", "a2a")
+_KIND = {kind: i for i, kind in enumerate(KINDS)}
+_CONVERSATION = _KIND["conversation"]
+#: a journal row's type (the message's tag), bound as its index likewise
+_MESSAGE_TYPES = typing.get_args(Message)
+_TYPE = {cls: i for i, cls in enumerate(_MESSAGE_TYPES)}
+#: a turn's state: queued (its message waits behind a running turn) or running
+QUEUED, RUNNING = 0, 1
+
+
+def _case(values: typing.Iterable[str]) -> str:
+    """``CASE {} WHEN 0 THEN 'a' WHEN 1 THEN 'b' ... END``: the text of a bound index."""
+    whens = " ".join(f"WHEN {i} THEN '{v}'" for i, v in enumerate(values))
+    return f"CASE {{}} {whens} END"
 
 
 def emit(
@@ -111,7 +133,9 @@ def emit(
     common = CommonEvent(
         cursor=Cursor(epoch=tx.epoch, offset=seq), conversation_id=conversation_id, event=event
     )
-    tx.events.append(StoredEvent(seq, conversation_id, kind, common, encode(common)))
+    raw = encode(common)
+    tx.events.append(StoredEvent(seq, conversation_id, kind, common, raw))
+    tx.outbox += (seq, conversation_id, _KIND[kind], bytearray(raw))
 
 
 class RowsInsert:
@@ -120,52 +144,58 @@ class RowsInsert:
     two in the rest, so seven statement shapes a table stay in the connection's cache). One
     statement of 64 rows costs ~0.8 us a row less than ``executemany`` (a step, a reset and a
     GIL release a row, in Python's sqlite3); the rows and a constraint error are the same.
-    The rows come as one flat list of their values (``width`` a row), sliced into parameters."""
+
+    ``row`` is a row's SQL with ``{}`` for each of its parameters (``width`` of them) and, if it
+    has one, ``?1`` for the parameter every row shares (the batch's time: bound once a statement,
+    not once a row). The rows come as one flat list of their values, sliced into parameters
+    (after the shared one)."""
 
     CHUNK = 64
 
-    def __init__(self, head: str, width: int) -> None:
-        self.width = width
-        row = "(" + ", ".join("?" * width) + ")"
+    def __init__(self, head: str, row: str) -> None:
+        self.width = width = row.count("{}")
+        self.shared = shared = "?1" in row
         self.sql: dict[int, str] = {}
         n = self.CHUNK
         while n:
-            self.sql[n] = f"{head} VALUES {', '.join([row] * n)}"
+            rows = ", ".join(row.format(*(f"?{1 + shared + r * width + i}" for i in range(width)))
+                             for r in range(n))
+            self.sql[n] = f"{head} VALUES {rows}"
             n //= 2
 
-    def __call__(self, conn: sqlite3.Connection, values: list[Any]) -> None:
+    def __call__(self, conn: sqlite3.Connection, values: list[Any], shared: Any = None) -> None:
         width = self.width
+        head = [shared] if self.shared else []
         i, total, chunk = 0, len(values) // width, self.CHUNK
         if total <= chunk and total & (total - 1) == 0:  # 0, 1, 2, 4, ... 64 rows: as they are
             if total:
-                conn.execute(self.sql[total], values)
+                conn.execute(self.sql[total], head + values if head else values)
             return
         while i < total:
             left = total - i
             size = chunk if left >= chunk else 1 << (left.bit_length() - 1)
-            conn.execute(self.sql[size], values[i * width:(i + size) * width])
+            conn.execute(self.sql[size], head + values[i * width:(i + size) * width])
             i += size
 
 
 _insert_outbox = RowsInsert(
-    'INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload)', 5)
+    'INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload)',
+    f"({{}}, {{}}, {_case(KINDS)}, ?1, {{}})")
 _insert_message = RowsInsert(
-    "INSERT INTO message (seq, id, conversation_id, type, created_at, payload)", 6)
-_insert_turn = RowsInsert("INSERT INTO turn (conversation_id, id, state, seq)", 4)
+    "INSERT INTO message (seq, id, conversation_id, type, created_at, payload)",
+    "({}, {}, {}, " + _case(c.__struct_config__.tag for c in _MESSAGE_TYPES) + ", ?1, {})")
+_insert_turn = RowsInsert("INSERT INTO turn (conversation_id, id, state, seq)",
+                          "({}, {}, " + _case(("queued", "running")) + ", {})")
 
 
 def write_outbox(conn: sqlite3.Connection, tx: Tx) -> None:
-    """The outbox rows of every event the transaction emitted, in one statement, and the batch's
-    mark (``schema``: ``outbox_mark``, the TTL trim's bound): an op reads no outbox row, so they
-    are written together at the end of the batch (before its trim)."""
-    now = tx.now
-    values: list[Any] = []
-    for ev in tx.events:
-        values += (ev.offset, ev.conversation_id, ev.kind, now, bytearray(ev.raw))
-    _insert_outbox(conn, values)
+    """The outbox rows of every event the transaction emitted (``tx.outbox``), in one statement,
+    and the batch's mark (``schema``: ``outbox_mark``, the TTL trim's bound): an op reads no
+    outbox row, so they are written together at the end of the batch (before its trim)."""
+    _insert_outbox(conn, tx.outbox, tx.now)
     # its last event's offset (events are emitted in offset order)
     conn.execute('INSERT INTO outbox_mark ("offset", created_at) VALUES (?, ?)',
-                 (tx.events[-1].offset, now))
+                 (tx.events[-1].offset, tx.now))
 
 
 _encode_into = msgspec.json.Encoder().encode_into
@@ -254,9 +284,9 @@ def journal(
                          conversation_id=conversation_id, event=event(record=record))
     raw = encode(common)
     payload = bytearray(memoryview(raw)[raw.index(_MESSAGE) + 10:-3])
-    tx.messages += (seq, message_id, conversation_id, type(message).__struct_config__.tag, now,
-                    payload)
+    tx.messages += (seq, message_id, conversation_id, _TYPE[type(message)], payload)
     tx.events.append(StoredEvent(seq, conversation_id, "conversation", common, raw))
+    tx.outbox += (seq, conversation_id, _CONVERSATION, bytearray(raw))
     return record
 
 
@@ -267,7 +297,7 @@ def write_rows(conn: sqlite3.Connection, tx: Tx) -> None:
     the end of the batch, or of each op in the SAVEPOINT pass (so an op's rows are in its
     SAVEPOINT); a row's constraint error (a message id taken) fails the batch either way."""
     if tx.messages:
-        _insert_message(conn, tx.messages)
+        _insert_message(conn, tx.messages, tx.now)
         tx.messages.clear()
     if tx.turns:
         _insert_turn(conn, tx.turns)

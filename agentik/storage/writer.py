@@ -172,7 +172,7 @@ class Writer:
         results: list[Any] = []
         conn = self.conn
         for op in batch:
-            mark = (tx.next_seq, len(tx.events), dict(tx.seqs))
+            mark = (tx.next_seq, len(tx.events), len(tx.outbox), dict(tx.seqs))
             conn.execute("SAVEPOINT op")
             try:
                 results.append(apply_op(conn, tx, op))
@@ -181,8 +181,9 @@ class Writer:
             except AgentikError as exc:
                 conn.execute("ROLLBACK TO op")
                 conn.execute("RELEASE op")
-                tx.next_seq, n_events, tx.seqs = mark
+                tx.next_seq, n_events, n_outbox, tx.seqs = mark
                 del tx.events[n_events:]
+                del tx.outbox[n_outbox:]
                 tx.messages.clear()  # the rows it left pending
                 tx.turns.clear()
                 results.append(exc)
