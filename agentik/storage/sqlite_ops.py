@@ -93,11 +93,11 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
 
 
 def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> MessageRecord:
-    record = journal(conn, tx, op.conversation_id, op.message_id, op.message, UserMessageEvent)
-    tx.turns += (op.conversation_id, op.message_id,
-                 QUEUED if op.start is None else RUNNING, record.seq)  # by write_rows
-    if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
-        append_memory(conn, tx, op.conversation_id, op.start, op.message_id)
+    cid, mid, start = op.conversation_id, op.message_id, op.start
+    record = journal(conn, tx, cid, mid, op.message, UserMessageEvent)
+    tx.turns += (cid, mid, QUEUED if start is None else RUNNING, record.seq)  # by write_rows
+    if start is not None:  # started with its message (ops.AppendUserMessage.start)
+        append_memory(conn, tx, cid, start, mid)
     return record
 
 

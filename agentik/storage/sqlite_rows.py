@@ -283,10 +283,11 @@ def journal(
     common = CommonEvent(cursor=Cursor(epoch=tx.epoch, offset=seq),
                          conversation_id=conversation_id, event=event(record=record))
     raw = encode(common)
-    payload = bytearray(memoryview(raw)[raw.index(_MESSAGE) + 10:-3])
-    tx.messages += (seq, message_id, conversation_id, _TYPE[type(message)], payload)
+    stored = bytearray(raw)  # the outbox row's payload, and the journal row's cut from it
+    tx.messages += (seq, message_id, conversation_id, _TYPE[type(message)],
+                    stored[raw.index(_MESSAGE) + 10:-3])
     tx.events.append(StoredEvent(seq, conversation_id, "conversation", common, raw))
-    tx.outbox += (seq, conversation_id, _CONVERSATION, bytearray(raw))
+    tx.outbox += (seq, conversation_id, _CONVERSATION, stored)
     return record
 
 
