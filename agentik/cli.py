@@ -154,7 +154,7 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
     def on_fatal(exc: BaseException) -> None:
         died.set()  # the shutdown trigger below stops hypercorn gracefully
 
-    app = create_app(config, on_fatal=on_fatal, report_startup=False)
+    app = create_app(config, on_fatal=on_fatal, report_startup=False, tune_gc=True)
     hc = _hypercorn_config(config, host, graceful_timeout)
     # Bind before the runtime starts: a port in use is one clear line, not a runtime started
     # for nothing and a traceback.

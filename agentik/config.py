@@ -103,6 +103,11 @@ class Config:
     db_timeout: float = 10.0
     #: this node's base URL as other nodes reach it (commands for its conversations are forwarded)
     node_url: str | None = None
+    #: the server process's garbage collector: once started, everything made so far is frozen
+    #: out of collections and a collection runs every this many new container objects (0: the
+    #: interpreter's own settings). Only the server's own process (``agentik serve``, the
+    #: ``agentik.web:app`` hypercorn serves) does this, never an embedding program
+    gc_threshold: int = 50_000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -164,6 +169,7 @@ class Config:
         get("AGENTIK_LEASE_TTL", "lease_ttl", _positive_float)
         get("AGENTIK_DB_TIMEOUT", "db_timeout", _positive_float)
         get("AGENTIK_NODE_URL", "node_url", _url)
+        get("AGENTIK_GC_THRESHOLD", "gc_threshold", _non_negative_int)
         return cls(**kw)
 
     def replace(self, **changes: Any) -> Config:

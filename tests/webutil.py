@@ -68,6 +68,7 @@ async def serve_app(
     *,
     heartbeat: float = 15.0,
     graceful_timeout: float = 0.5,
+    tune_gc: bool = False,
 ) -> AsyncIterator[Server]:
     """Serve ``create_app(config, llm, tools)`` on 127.0.0.1:<free port> for the body. A runtime
     death stops the server and is recorded in ``server.fatal`` instead of exiting."""
@@ -79,7 +80,8 @@ async def serve_app(
         stop.set()
 
     app = create_app(
-        config, llm, tools, heartbeat=heartbeat, on_fatal=on_fatal, handle_sigterm=False
+        config, llm, tools, heartbeat=heartbeat, on_fatal=on_fatal, handle_sigterm=False,
+        tune_gc=tune_gc,
     )
     hc = hypercorn.config.Config()
     hc.bind = ["127.0.0.1:0"]

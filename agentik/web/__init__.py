@@ -11,6 +11,6 @@ Note: the attribute ``agentik.web.app`` is the app, which hides the module of th
 
 from agentik.web.app import AgentikApp, WebState, create_app
 
-app = create_app()
+app = create_app(tune_gc=True)
 
 __all__ = ["AgentikApp", "WebState", "app", "create_app"]

@@ -46,6 +46,9 @@ class WebState:
     on_fatal: Callable[[BaseException], None]
     #: catch SIGTERM in a hypercorn worker (see agentik.web.process.watch_sigterm)
     handle_sigterm: bool = True
+    #: the process is the server's own: tune its garbage collector once started
+    #: (``Config.gc_threshold``, ``process.tune_gc``)
+    tune_gc: bool = False
     #: log a start-up failure here (False: the embedding server, ``agentik serve``, prints it as
     #: its one line from ``startup_error``)
     report_startup: bool = True

@@ -95,16 +95,19 @@ def create_app(
     on_fatal: Callable[[BaseException], None] | None = None,
     report_startup: bool = True,
     handle_sigterm: bool = True,
+    tune_gc: bool = False,
 ) -> AgentikApp:
     """Build the app. ``config=None`` reads the environment at start-up (not at import), so a bad
     variable stops start-up with a message naming it. ``llm``/``tools`` are passed to
     ``open_runtime``. ``on_fatal(exc)`` is called if the runtime dies while serving (default: exit
-    the process with status 1)."""
+    the process with status 1). ``tune_gc``: the process is the server's own (``agentik serve``,
+    ``agentik.web:app``), so its garbage collector is tuned once the runtime started
+    (``Config.gc_threshold``); an embedding program's is left alone."""
     app = AgentikApp("agentik.web", static_folder=None)
     st = app.agentik = WebState(
         config=config, llm=llm, tools=tools, heartbeat=heartbeat,
         on_fatal=on_fatal or process.exit_process, handle_sigterm=handle_sigterm,
-        report_startup=report_startup,
+        report_startup=report_startup, tune_gc=tune_gc,
     )
     # Unhandled errors become our JSON 500 (never re-raised into hypercorn), even in debug.
     app.config["PROPAGATE_EXCEPTIONS"] = False

@@ -48,6 +48,8 @@ async def start_runtime(app: QuartTrio, st: WebState) -> None:
             process.setup_logging(st.config.log_format)
         app.config["MAX_CONTENT_LENGTH"] = st.config.max_body_bytes
         await app.nursery.start(hold_runtime, st, st.config)
+        if st.tune_gc:
+            process.tune_gc(st.config.gc_threshold)
     except Exception as exc:
         message = f"agentik cannot start: {describe(exc)}"
         st.startup_error = exc

@@ -89,6 +89,25 @@ def release_supervisor_semaphores() -> None:
             SemLock._cleanup(name)  # type: ignore[attr-defined]
 
 
+def tune_gc(threshold: int) -> None:
+    """The server process's garbage collector, once the runtime has started (``threshold`` 0:
+    left as it is). What start-up made (modules, types, the app, the runtime's actors and
+    schemas: about 100k objects) lives as long as the process, yet every full collection walked
+    it; frozen, it is no longer walked. A young collection every ``threshold`` new container
+    objects instead of 700 lets most of a turn's and a token's objects die by reference count
+    first: measured at 100 concurrent turns, the collector's CPU went from about 235 ms to 25 ms
+    a run, the server's from 1.25 to 1.05-1.17 s, with the same resident memory (BENCHMARKS.md,
+    seventh pass)."""
+    if threshold <= 0:
+        return
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(threshold, older, oldest)
+    log.info("garbage collector: %d start-up objects frozen, a collection every %d new objects",
+             gc.get_freeze_count(), threshold)
+
+
 #: the exit status of a start-up failure, as ``agentik serve``: 2 for a bad setting, else 1 (a
 #: database in use, ...)
 BAD_SETTING, STARTUP_FAILED = 2, 1
