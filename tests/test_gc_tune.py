@@ -55,6 +55,9 @@ async def test_an_embedding_program_or_threshold_0_leaves_the_collector_alone(
 
 
 def test_the_setting_is_read_and_checked() -> None:
+    from agentik.web import app  # what ``hypercorn -k trio agentik.web:app`` serves
+
+    assert app.agentik.tune_gc
     assert Config.from_env({"AGENTIK_GC_THRESHOLD": "0"}).gc_threshold == 0
     assert Config().gc_threshold == 50_000
     with pytest.raises(Exception, match="AGENTIK_GC_THRESHOLD"):
