@@ -36,7 +36,7 @@ EVERY_VARIABLE = {
     "AGENTIK_AGENT_NAME": "helper",
     "AGENTIK_AGENT_DESCRIPTION": "answers questions",
     "AGENTIK_DATABASE_URL": "postgresql://u@h/db", "AGENTIK_NODE_ID": "n1",
-    "AGENTIK_LEASE_TTL": "2.5", "AGENTIK_NODE_URL": "http://10.0.0.1:8080",
+    "AGENTIK_LEASE_TTL": "2.5", "AGENTIK_NODE_URL": "http://10.0.0.1:8080", "AGENTIK_GC_THRESHOLD": "1000",
     "AGENTIK_DB_TIMEOUT": "4.5",
     "AGENTIK_CORS_ORIGINS": "https://a.example/, http://b.example:3000",
     "AGENTIK_BUSY_POLICY": "Reject", "AGENTIK_IDEMPOTENCY_TTL": "60", "AGENTIK_LOG_FORMAT": "json",
@@ -80,6 +80,7 @@ def test_reads_every_variable() -> None:
     assert (cfg.busy_policy, cfg.idempotency_ttl, cfg.log_format) == ("reject", 60.0, "json")
     assert (cfg.database_url, cfg.node_id, cfg.lease_ttl, cfg.node_url) == (
         "postgresql://u@h/db", "n1", 2.5, "http://10.0.0.1:8080")
+    assert cfg.gc_threshold == 1000
     # and each one landed: no field kept its default
     defaults = Config()
     unchanged = [f.name for f in dataclasses.fields(Config)
