@@ -92,7 +92,14 @@ def _rename(conn: sqlite3.Connection, tx: Tx, op: ops.RenameConversation) -> Con
     return read_record(conn, op.conversation_id)
 
 
-def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> MessageRecord:
+def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> Any:
+    """The user message (``journal``), its turn (written by ``write_rows``) and, if it starts
+    with it, its working memory item. Under an Idempotency-Key: that (the op without its key)
+    stored with the key, or the key's replay. (The op's function in ``_APPLY`` itself: one
+    call an event fewer.)"""
+    if op.idempotency is not None:
+        plain = msgspec.structs.replace(op, idempotency=None)
+        return _idempotent(conn, tx, op.idempotency, lambda: _append_user(conn, tx, plain))
     cid, mid, start = op.conversation_id, op.message_id, op.start
     record = journal(conn, tx, cid, mid, op.message, UserMessageEvent)
     tx.turns += (cid, mid, QUEUED if start is None else RUNNING, record.seq)  # by write_rows
@@ -222,12 +229,6 @@ def _create_op(conn: sqlite3.Connection, tx: Tx, op: ops.CreateConversation) -> 
     return _idempotent(conn, tx, op.idempotency, lambda: _create(conn, tx, op))
 
 
-def _append_user_op(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) -> Any:
-    if op.idempotency is None:
-        return _append_user(conn, tx, op)
-    return _idempotent(conn, tx, op.idempotency, lambda: _append_user(conn, tx, op))
-
-
 # --- idempotency keys (ops.Idempotency; the PostgreSQL engine mirrors these) ----------------------
 
 
@@ -291,7 +292,7 @@ _APPLY: dict[type[Any], Callable[[sqlite3.Connection, Tx, Any], Any]] = {
     ops.CreateConversation: _create_op,
     ops.DeleteConversation: _delete_op,
     ops.RenameConversation: _rename,
-    ops.AppendUserMessage: _append_user_op,
+    ops.AppendUserMessage: _append_user,
     ops.StartTurn: _start_turn,
     ops.AppendToolCalls: _tool_calls,
     ops.AppendToolResult: _tool_result,
