@@ -281,17 +281,20 @@ async def test_actor_crash_is_contained_and_restarted(cfg: Config) -> None:
 
 async def test_cold_load_after_passivation_gives_same_history(cfg: Config) -> None:
     llm = FunctionLlm(echo)
-    async with open_runtime(cfg.replace(idle_timeout=0.05), llm=llm) as agent:
+    async with open_runtime(cfg.replace(idle_timeout=0.2), llm=llm) as agent:
         conv = await agent.create_conversation()
         await run_turn(agent, conv, "one")
         await run_turn(agent, conv, "two")
         warm_history = llm.requests[-1][0]
-        handle = agent._registry.live[conv.id]
-        with trio.fail_after(10):
-            await handle.exited.wait()  # passivated after idle_timeout
+        sessions = llm.sessions
+        # (on a loaded machine the actor may already be gone: the idle timer is real time)
+        handle = agent._registry.live.get(conv.id)
+        if handle is not None:
+            with trio.fail_after(10):
+                await handle.exited.wait()  # passivated after idle_timeout
         assert conv.id not in agent._registry.live
         await run_turn(agent, conv, "three")
-        assert llm.sessions == 2
+        assert llm.sessions == sessions + 1  # a cold load: a new session
         assert llm.requests[-1][0] == [*warm_history, answered("echo: two"), said("three")]
 
 
