@@ -23,7 +23,13 @@ from agentik.errors import AgentikError, StorageError
 from agentik.storage import ops
 from agentik.storage.dblock import lock_database
 from agentik.storage.schema import migrate
-from agentik.storage.sqlite_ops import StoredEvent, Tx, apply_op, row_to_conversation
+from agentik.storage.sqlite_ops import (
+    StoredEvent,
+    Tx,
+    apply_all,
+    apply_op,
+    row_to_conversation,
+)
 from agentik.storage.sqlite_rows import write_outbox, write_rows, write_seqs
 
 #: re-exported: what readers, the hub and the agent import from here
@@ -155,15 +161,10 @@ class Writer:
         (whose rows may then be in the transaction). A SAVEPOINT per op is what made the batch
         slow: each copies every page its op touches to the statement journal first."""
         tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
-        results: list[Any] = []
-        append = results.append
-        conn = self.conn
         try:
-            for op in batch:
-                append(apply_op(conn, tx, op))
+            return tx, apply_all(self.conn, tx, batch)
         except AgentikError:
             return None
-        return tx, results
 
     def _apply_each_in_savepoint(self, batch: list[ops.AnyOp], now: float) -> tuple[Tx, list[Any]]:
         """Apply ``batch`` with each op in its own SAVEPOINT: a refused op (AgentikError) is
