@@ -272,3 +272,26 @@ def test_coded_columns_are_stored_as_their_text(tmp_path: Path) -> None:
                                           start=UserItem(content=[Text("s")]))])
     assert conn.execute("SELECT state FROM turn WHERE id='s'").fetchone() == ("running",)
     w.close()
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_row_s_constraint_error_fails_the_batch_whole(tmp_path: Path, refused: bool) -> None:
+    """The row inserts are OR ROLLBACK (no statement journal): a message id taken in another
+    conversation ends the transaction, in the first pass or in the SAVEPOINT pass (a refused op
+    in the batch); nothing of the batch is stored and the next batch commits as if it never
+    came."""
+    w = Writer(str(tmp_path / "u.db"), synchronous="OFF", outbox_cap=1000, outbox_ttl=3600)
+    w.commit_batch([_create("c1"), _create("c2")])
+    batch: list[ops.AnyOp] = [_send("c1", "m1"), _send("c2", "m1")]
+    if refused:
+        batch.insert(1, _send("missing", "x"))
+    with pytest.raises(StorageError):
+        w.commit_batch(batch)
+    conn = w.conn
+    assert not conn.in_transaction and w.next_seq == 3
+    for table in ("message", "turn"):
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+    assert _retained(w) == [1, 2]
+    result = w.commit_batch([_send("c2", "m1")])
+    assert [ev.offset for ev in result.events] == [3] and _retained(w) == [1, 2, 3]
+    w.close()

@@ -148,7 +148,11 @@ class RowsInsert:
     ``row`` is a row's SQL with ``{}`` for each of its parameters (``width`` of them) and, if it
     has one, ``?1`` for the parameter every row shares (the batch's time: bound once a statement,
     not once a row). The rows come as one flat list of their values, sliced into parameters
-    (after the shared one)."""
+    (after the shared one).
+
+    The tables' inserts are ``OR ROLLBACK``: a row's constraint error ends the whole transaction,
+    which is what the writer does after any error anyway (the batch fails, nothing is stored),
+    and SQLite then keeps no statement journal to undo the statement alone."""
 
     CHUNK = 64
 
@@ -179,12 +183,12 @@ class RowsInsert:
 
 
 _insert_outbox = RowsInsert(
-    'INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload)',
+    'INSERT OR ROLLBACK INTO outbox ("offset", conversation_id, kind, created_at, payload)',
     f"({{}}, {{}}, {_case(KINDS)}, ?1, {{}})")
 _insert_message = RowsInsert(
-    "INSERT INTO message (seq, id, conversation_id, type, created_at, payload)",
+    "INSERT OR ROLLBACK INTO message (seq, id, conversation_id, type, created_at, payload)",
     "({}, {}, {}, " + _case(c.__struct_config__.tag for c in _MESSAGE_TYPES) + ", ?1, {})")
-_insert_turn = RowsInsert("INSERT INTO turn (conversation_id, id, state, seq)",
+_insert_turn = RowsInsert("INSERT OR ROLLBACK INTO turn (conversation_id, id, state, seq)",
                           "({}, {}, " + _case(("queued", "running")) + ", {})")
 
 
