@@ -34,11 +34,14 @@ in-process agent catches the same classes over HTTP::
      ├── MailboxFullError          429 mailbox_full  the conversation's mailbox is full (Retry-After)
      │     raised by: ConversationHandle.submit (send)
      ├── StorageError              503 storage     the database failed; a failed write was not stored
-     │   │                                          (PostgreSQL, connection lost mid-commit: unknown)
+     │   │                                          (but see StorageOutcomeUnknownError)
      │   │ raised by: the storage actor and its reader (agentik.storage)
      │   ├── StorageUnavailableError 503 storage  the store refuses writes for now (disk full,
-     │   │     raised by: the storage actor          read-only, I/O error, connection lost,
-     │   │                                          AGENTIK_DB_TIMEOUT passed)
+     │   │   │ raised by: the storage actor        read-only, I/O error, connection lost,
+     │   │   │                                    AGENTIK_DB_TIMEOUT passed); nothing stored
+     │   │   └── StorageOutcomeUnknownError 503 storage  (PostgreSQL) the connection failed with
+     │   │         raised by: the PostgreSQL writer,   the write's commit in flight: it may be
+     │   │           passed on by the storage actor    stored; a retry checks (ops.rechecked)
      │   ├── NotOwnerError         503 not_owner   (PostgreSQL cluster) another live node owns the
      │   │     raised by: the PostgreSQL writer, pg_lease   conversation; the Agent forwards to it
      │   └── LeaseLostError        503 lease_lost  (PostgreSQL cluster) this node's fence is stale:
@@ -136,9 +139,7 @@ class OutboxGapError(AgentikError):
 
 class StorageError(AgentikError):
     """The database failed. For a write, nothing of that write was stored or acknowledged;
-    except on PostgreSQL when the connection failed (or the server stopped answering for
-    ``2 x AGENTIK_DB_TIMEOUT``) with its commit in flight: the message then says whether it
-    was stored is unknown (it may have committed)."""
+    except for :class:`StorageOutcomeUnknownError` (PostgreSQL: it may have committed)."""
 
     code = "storage"
 
@@ -146,9 +147,21 @@ class StorageError(AgentikError):
 class StorageUnavailableError(StorageError):
     """The store refused a whole batch for a reason that can pass (disk or database full,
     read-only, an I/O error, a lost connection, a lock or a statement past AGENTIK_DB_TIMEOUT):
-    nothing of it was stored (but see StorageError for a commit in flight), and the same write
+    nothing of it was stored (but see :class:`StorageOutcomeUnknownError`), and the same write
     may succeed later. Turn endings are retried on it (``Storage.write_until_stored``); /readyz
     answers 503 until a write succeeds again."""
+
+    code = "storage"
+
+
+class StorageOutcomeUnknownError(StorageUnavailableError):
+    """PostgreSQL: the connection failed (or the server stopped answering for
+    ``2 x AGENTIK_DB_TIMEOUT``) while the batch's commit statement was in flight, so whether it
+    was stored is unknown: its server session may have committed it. The writer ends that
+    session before it plans anything else, so a retry's plan sees what it left: a retry with
+    the same Idempotency-Key, or of a turn's write in its rechecked form (``ops.rechecked``:
+    ``Storage.write_until_stored`` retries with it), is stored once. A plain retry of another
+    write may store it twice. The store refuses writes meanwhile, as for its base class."""
 
     code = "storage"
 

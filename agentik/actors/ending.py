@@ -8,6 +8,13 @@ the store accepts writes again, without a restart. Only a cancel between attempt
 the conversation stopped) ends the retries: the ops not stored are then handed to the registry,
 which goes on storing them (``Registry.unsettled``); at a shutdown, start-up recovery closes
 the turn instead.
+
+A turn ends with exactly one terminal record, also when an attempt's outcome is unknown
+(PostgreSQL, the connection lost with its commit in flight: StorageOutcomeUnknownError): the
+retries are then of the op's rechecked form (``ops.rechecked``), which stores nothing if the
+first attempt was stored and returns what is, so the answer is never stored twice nor followed
+by a storage Error. The op handed over after a cancel was attempted: it is handed over
+rechecked too (its outcome may be that unknown one).
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ class TurnEndings:
                 try:
                     await self._store_ending(op)
                 except trio.Cancelled:
-                    self._hand_over(closing[i:])
+                    self._hand_over([ops.rechecked(op), *closing[i + 1:]])
                     raise
         finally:
             self.online(End(turn_id=state.turn_id))
@@ -73,8 +80,10 @@ class TurnEndings:
         self.h.keeper.unsettled(self.h, pending)
 
     async def _store_answer(self, state: logic.TurnState, op: ops.FinishTurn) -> None:
-        """Store the answer (retried while the store refuses writes), then End. If the database
-        refuses the answer itself (not the store being full), the turn ends with that error."""
+        """Store the answer (retried while the store refuses writes, rechecked after an unknown
+        outcome: module docstring), then End. If the database refuses the answer itself (not
+        the store being full), the turn ends with that error: nothing of the answer is stored
+        then (a rechecked retry that found it stored returns, it does not fail)."""
         try:
             await self.memory.write(op)
         except StorageError as exc:
@@ -88,7 +97,7 @@ class TurnEndings:
             log.error("the answer of turn %s could not be stored: %s", state.turn_id, exc,
                       extra=turn_fields(self.h.conversation_id, state.turn_id))
         except trio.Cancelled:
-            self._hand_over([op])
+            self._hand_over([ops.rechecked(op)])
             self.online(End(turn_id=state.turn_id))
             raise
         except BaseException:

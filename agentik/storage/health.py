@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from agentik.errors import StorageUnavailableError
+from agentik.errors import StorageOutcomeUnknownError, StorageUnavailableError
 from agentik.metrics import STORAGE_ACCEPTING_WRITES
 from agentik.storage import ops
 
@@ -106,7 +106,14 @@ async def retry_until_stored(
     """``await write(op)``, again after each StorageUnavailableError once ``health`` says writes
     are accepted again or the next backoff delay has passed. Each attempt is shielded (its
     answer is always known); the waits between attempts are not, so a cancel ends the retries
-    with Cancelled, and then ``op`` was not stored. Other errors propagate at once."""
+    with Cancelled, and then ``op`` was not stored (but see below). Other errors propagate at
+    once.
+
+    After a StorageOutcomeUnknownError (PostgreSQL: the connection failed with the commit in
+    flight, which may have stored it) the retries write ``ops.rechecked(op)``: a turn's journal
+    write then stores nothing if its first attempt was stored, and returns what is stored. A
+    cancel after such an outcome leaves it unknown whether ``op`` was stored: whoever goes on
+    storing it must write ``ops.rechecked(op)`` (``actors/ending.py`` does)."""
     delays = backoff.delays()
     attempts = 0
     while True:
@@ -116,6 +123,8 @@ async def retry_until_stored(
                 return await write(op)
             except StorageUnavailableError as exc:
                 error = exc
+                if isinstance(exc, StorageOutcomeUnknownError):
+                    op = ops.rechecked(op)
         if attempts == 1:
             log.warning("%s not stored (%s): retrying until the store accepts writes",
                         type(op).__name__, error)

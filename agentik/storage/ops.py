@@ -90,6 +90,8 @@ class AppendToolCalls(Op, frozen=True, kw_only=True):
     conversation_id: str
     calls: tuple[tuple[str, ToolCall], ...]  # (message id, call)
     item: WorkingItem
+    #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
+    recheck: bool = False
 
 
 class AppendToolResult(Op, frozen=True, kw_only=True):
@@ -97,6 +99,8 @@ class AppendToolResult(Op, frozen=True, kw_only=True):
     message_id: str
     result: ToolResult
     item: WorkingItem
+    #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
+    recheck: bool = False
 
 
 class FinishTurn(Op, frozen=True, kw_only=True):
@@ -113,6 +117,8 @@ class FinishTurn(Op, frozen=True, kw_only=True):
     #: remove the working-memory items with order_idx >= this (a turn too big for the context
     #: window leaves nothing for the model to see; the journal keeps it)
     forget_from: int | None = None
+    #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
+    recheck: bool = False
 
 
 class Compact(Op, frozen=True, kw_only=True):
@@ -173,3 +179,35 @@ AnyOp = (
     | PurgeTemporary
     | PutA2ATask
 )
+
+
+#: the ops with a rechecked form (:func:`rechecked`), by exact type
+RECHECKABLE = frozenset({AppendToolCalls, AppendToolResult, FinishTurn})
+
+Recheckable = AppendToolCalls | AppendToolResult | FinishTurn
+
+
+def journal_ids(op: Recheckable) -> tuple[str, ...]:
+    """The ids of the journal records ``op`` stores (what its recheck looks for)."""
+    if type(op) is AppendToolResult:
+        return (op.message_id,)
+    if type(op) is AppendToolCalls:
+        return tuple(message_id for message_id, _ in op.calls)
+    assert type(op) is FinishTurn
+    return tuple(made[0] for made in (op.assistant, op.error) if made is not None)
+
+
+def rechecked(op: AnyOp) -> AnyOp:
+    """``op`` to retry after StorageOutcomeUnknownError (its first attempt may be stored).
+
+    For a turn's journal writes (:data:`RECHECKABLE`), the copy with ``recheck`` set: its plan
+    first reads whether the first attempt was stored (one of its journal message ids exists;
+    for a FinishTurn also: its turn row is gone, the turn has its end) and then stores nothing
+    and returns what is stored (the records, as a first success would have), else stores it as
+    usual. Both engines plan it so (SQLite never has an unknown outcome, the check is the same).
+    Only a retry pays that read: a first attempt plans from the conversation row alone.
+    Any other op is returned as it is (a plain retry: one without an Idempotency-Key may store
+    it twice)."""
+    if type(op) in RECHECKABLE and not op.recheck:  # type: ignore[union-attr]
+        return msgspec.structs.replace(op, recheck=True)
+    return op

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 from trio.lowlevel import reschedule
 
 from agentik import metrics
-from agentik.errors import AgentikError, LeaseLostError, StorageError, StorageUnavailableError
+from agentik.errors import (
+    AgentikError,
+    LeaseLostError,
+    StorageError,
+    StorageOutcomeUnknownError,
+    StorageUnavailableError,
+)
 from agentik.storage.committer import PROBE, Outcome, Request
 from agentik.storage.engine import is_transient
 
@@ -81,11 +87,13 @@ def _failed(storage: Storage, reqs: list[Request], exc: BaseException) -> None:
             req.answer()
         return
     if isinstance(exc, StorageError):
-        if is_transient(exc):
+        unknown = isinstance(exc, StorageOutcomeUnknownError)
+        if unknown or is_transient(exc):
             # StorageHealth logs the outage once when it starts and once when it ends; retries
             # during it are not news (one line per attempt would flood the log for its length).
             log.debug("storage batch of %d refused: %s", writes, exc)
-            error = StorageUnavailableError
+            # an unknown outcome stays one: its retry must check (ops.rechecked)
+            error = StorageOutcomeUnknownError if unknown else StorageUnavailableError
             storage.health.refused(str(exc))
         else:
             log.error("storage batch of %d failed: %s", writes, exc)

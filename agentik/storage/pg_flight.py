@@ -5,8 +5,8 @@ server (sent by ``pg_send.Sender``), the thread takes batch k+1 and plans it in 
 (``PgWriter.follow``) as if k had committed: its conversation rows are k's plan's rows as k
 leaves them. No read is made for it, so only a batch whose plan needs nothing but those rows (or
 rows the writer remembers, ``PgWriter._known``) can follow: ops on existing conversations with
-no Idempotency-Key (a key, an A2A task, a start-up op, a compaction, a new conversation each
-need a read first).
+no Idempotency-Key (a key, an A2A task, a start-up op, a compaction, a new conversation, a
+rechecked retry, ``ops.rechecked``, each need a read first).
 
 Why it is safe: k+1 is sent only after k's answer came back and only when k committed exactly as
 planned (``Flight.exact``); else k+1 is planned again from a read. And the statement of k+1
@@ -59,7 +59,8 @@ def seed_after(p: Plan, batch: list[ops.AnyOp], after: Flight,
     known: list[Known] = []
     seen: set[str] = set()
     for op in batch:
-        if type(op) not in _FOLLOWABLE or getattr(op, "idempotency", None) is not None:
+        if (type(op) not in _FOLLOWABLE or getattr(op, "idempotency", None) is not None
+                or getattr(op, "recheck", False)):  # a key, a recheck: a read first
             return None
         cid: str = op.conversation_id  # type: ignore[union-attr,assignment]
         if cid in seen:

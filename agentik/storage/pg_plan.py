@@ -95,6 +95,16 @@ def const(value: Any) -> Result:
 
 
 @dataclass
+class Found:
+    """What the rechecked ops of a batch (``ops.rechecked``) need, read before it is planned
+    (``PgWriter._load``): their journal records already stored, by message id, and which of
+    their FinishTurns' turn rows are still open, as (conversation id, turn id)."""
+
+    records: dict[str, MessageRecord] = field(default_factory=dict)
+    turns: set[tuple[str, str]] = field(default_factory=set)
+
+
+@dataclass
 class Plan:
     epoch: str
     now: float
@@ -140,6 +150,8 @@ class Plan:
     idem: dict[str, tuple[str, str] | None] = field(default_factory=dict)
     #: (key, fingerprint, result id, expires_at) to insert with the batch
     idem_rows: list[tuple[str, str, str, float]] = field(default_factory=list)
+    #: read for the batch's rechecked ops; None when it has none
+    found: Found | None = None
 
     def __post_init__(self) -> None:
         self._cursor0 = Cursor(epoch=self.epoch, offset=0)

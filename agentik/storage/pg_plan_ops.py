@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import psycopg
 
 from agentik.errors import (
     ConflictError,
@@ -17,7 +18,7 @@ from agentik.errors import (
 )
 from agentik.ids import new_id
 from agentik.storage import ops
-from agentik.storage.pg_plan import Conv, Plan, Result, const
+from agentik.storage.pg_plan import Conv, Found, Plan, Result, const
 from agentik.wire import (
     AssistantMessageEvent,
     CompactionTriggered,
@@ -25,6 +26,7 @@ from agentik.wire import (
     Error,
     ErrorEvent,
     Interrupted,
+    MessageRecord,
     Renamed,
     SystemItem,
     TaskUpdated,
@@ -32,6 +34,7 @@ from agentik.wire import (
     ToolFailed,
     ToolResultEvent,
     UserMessageEvent,
+    decode_message,
 )
 
 
@@ -90,8 +93,49 @@ def _start_turn(p: Plan, op: ops.StartTurn) -> Result:
     return _NONE
 
 
+def _stored(p: Plan, op: ops.Recheckable) -> Result | None:
+    """A rechecked op's result when its first attempt is stored (``ops.rechecked``): one of its
+    records is in the journal, or (a FinishTurn) its turn row is gone; else None."""
+    found = p.found
+    assert found is not None  # read with the batch (PgWriter._load)
+    records = [found.records[i] for i in ops.journal_ids(op) if i in found.records]
+    if not records:
+        if type(op) is not ops.FinishTurn or op.turn_id is None:
+            return None
+        if (op.conversation_id, op.turn_id) in found.turns or op.turn_id in p.turns:
+            return None  # still open: not stored
+    return const(records[0] if type(op) is ops.AppendToolResult else records)
+
+
+def read_found(conn: psycopg.Connection[Any], batch: list[ops.AnyOp]) -> Found | None:
+    """The one read the rechecked ops of ``batch`` (``ops.rechecked``) need (``PgWriter._load``):
+    their records already stored, and which of their FinishTurns' turns are still open; None
+    (nothing read) when it has none. A retry after an unknown outcome is planned only once that
+    outcome's session has ended (``PgWriter._settle``), so this sees whatever it left."""
+    rechecks: list[ops.Recheckable] = [
+        op for op in batch if type(op) in ops.RECHECKABLE and op.recheck]  # type: ignore[misc,union-attr]
+    if not rechecks:
+        return None
+    found = Found()
+    ids = [i for op in rechecks for i in ops.journal_ids(op)]
+    for r in conn.execute("SELECT id, seq, conversation_id, created_at, payload FROM message "
+                          "WHERE id = ANY(%s::text[])", (ids,)):
+        found.records[r[0]] = MessageRecord(id=r[0], seq=int(r[1]), conversation_id=r[2],
+                                            created_at=r[3], message=decode_message(r[4]))
+    turns = [(op.conversation_id, op.turn_id) for op in rechecks
+             if type(op) is ops.FinishTurn and op.turn_id is not None]
+    if turns:
+        found.turns.update((r[0], r[1]) for r in conn.execute(
+            "SELECT conversation_id, id FROM turn WHERE (conversation_id, id) IN "
+            "(SELECT * FROM unnest(%s::text[], %s::text[]))",
+            ([t[0] for t in turns], [t[1] for t in turns])))
+    return found
+
+
 def _tool_calls(p: Plan, op: ops.AppendToolCalls) -> Result:
     p.require(op.conversation_id)
+    if op.recheck and (stored := _stored(p, op)) is not None:
+        return stored
     made = tuple(p.journal(p.require(op.conversation_id), message_id, call, ToolCallEvent)
                  for message_id, call in op.calls)
     p.remember(op.conversation_id, op.item, None)
@@ -99,6 +143,9 @@ def _tool_calls(p: Plan, op: ops.AppendToolCalls) -> Result:
 
 
 def _tool_result(p: Plan, op: ops.AppendToolResult) -> Result:
+    if op.recheck and (stored := _stored(p, op)) is not None:
+        p.require(op.conversation_id)
+        return stored
     rel = p.journal(p.require(op.conversation_id), op.message_id, op.result,
                     ToolFailed if op.result.is_error else ToolResultEvent)
     p.remember(op.conversation_id, op.item, op.message_id)
@@ -108,6 +155,8 @@ def _tool_result(p: Plan, op: ops.AppendToolResult) -> Result:
 def _finish_turn(p: Plan, op: ops.FinishTurn) -> Result:
     cid = op.conversation_id
     p.require(cid)
+    if op.recheck and (stored := _stored(p, op)) is not None:
+        return stored
     made: list[int] = []
     if op.assistant is not None:
         message_id, answer = op.assistant

@@ -19,14 +19,14 @@ from typing import Any
 
 import psycopg
 
-from agentik.errors import AgentikError, StorageError
+from agentik.errors import AgentikError, StorageError, StorageOutcomeUnknownError
 from agentik.storage import ops
 from agentik.storage.pg_arrays import Int8s
 from agentik.storage.pg_connect import DEFAULT_TIMEOUT, connect, set_limits
 from agentik.storage.pg_fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
 from agentik.storage.pg_flight import Flight, resolve, seed_after
 from agentik.storage.pg_plan import Conv, Plan
-from agentik.storage.pg_plan_ops import plan_op
+from agentik.storage.pg_plan_ops import plan_op, read_found
 from agentik.storage.pg_schema import channel, migrate
 from agentik.storage.pg_send import Sender
 from agentik.storage.pg_statement import commit_statement
@@ -42,7 +42,6 @@ SELECT c.id, c.title, c.is_temporal, c.created_at, c.updated_at, c.seq,
        (SELECT COALESCE(MAX(order_idx), 0) FROM working_memory w WHERE w.conversation_id = c.id)
 FROM conversation c WHERE c.id = ANY(%s::text[])
 """
-
 
 
 #: ops whose plan reads nothing but the row of the conversation they name (``_load``; by exact
@@ -207,13 +206,13 @@ class PgWriter:
         the statement back; a connection that failed while a commit statement was out leaves
         that statement's outcome unknown: its server session may still run and commit it. The
         next connection first ends that session (:meth:`_settle`), so nothing planned later
-        races it: a retry of the same write then reads what it left (an Idempotency-Key)."""
+        races it: a retry then reads what it left (an Idempotency-Key, ``ops.rechecked``)."""
         self._known.clear()
         if exc.sqlstate or not self._sender.unanswered:
             return StorageError(f"write failed, nothing stored: {exc}")
         self._unsettled = self._session
         self.conn.close()  # whatever state it is in: the next batch reconnects, then settles
-        return StorageError(f"write failed, whether it was stored is unknown: {exc}")
+        return StorageOutcomeUnknownError(f"write failed, whether it was stored is unknown: {exc}")
 
     def _settle(self, session: tuple[int, Any]) -> None:
         """End the server session left with a statement of unknown outcome (its pid and start
@@ -255,7 +254,9 @@ class PgWriter:
 
     def _plan(self, batch: list[ops.AnyOp], refused: dict[int, AgentikError]) -> Flight:
         plan = Plan(epoch=self.epoch, now=self.clock())
-        known = self._load(plan, [op for i, op in enumerate(batch) if i not in refused])
+        taken = [op for i, op in enumerate(batch) if i not in refused]
+        known = self._load(plan, taken)
+        plan.found = read_found(self.conn, taken)  # None (no read) unless it holds a recheck
         return Flight(batch, plan, _planned(plan, batch, refused), known)  # type: ignore[arg-type]
 
     def _remember(self, p: Plan, base: int) -> None:

@@ -50,6 +50,7 @@ from agentik.wire import (
     ToolFailed,
     ToolResultEvent,
     UserMessageEvent,
+    decode_message,
     encode,
 )
 
@@ -115,7 +116,27 @@ def _start_turn(conn: sqlite3.Connection, tx: Tx, op: ops.StartTurn) -> None:
                  (op.conversation_id, op.turn_id))
 
 
+def _stored(conn: sqlite3.Connection, op: ops.Recheckable) -> Any:
+    """A rechecked op's result when its first attempt is stored (``ops.rechecked``; planned as
+    ``pg_plan_ops._stored``): one of its records is in the journal, or (a FinishTurn) its turn
+    row is gone; else None."""
+    conversation_exists(conn, op.conversation_id)
+    ids = ops.journal_ids(op)
+    rows = {r[0]: r for r in conn.execute(
+        "SELECT id, seq, conversation_id, created_at, payload FROM message WHERE id IN "
+        f"({','.join('?' * len(ids))})", ids)} if ids else {}
+    records = [MessageRecord(id=r[0], seq=r[1], conversation_id=r[2], created_at=r[3],
+                             message=decode_message(r[4])) for i in ids if (r := rows.get(i))]
+    if not records and (type(op) is not ops.FinishTurn or op.turn_id is None or conn.execute(
+            "SELECT 1 FROM turn WHERE conversation_id=? AND id=?",
+            (op.conversation_id, op.turn_id)).fetchone() is not None):
+        return None  # not stored (a FinishTurn: its turn still open)
+    return records[0] if type(op) is ops.AppendToolResult else records
+
+
 def _tool_calls(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolCalls) -> list[MessageRecord]:
+    if op.recheck and (stored := _stored(conn, op)) is not None:
+        return stored
     records = []
     for message_id, call in op.calls:
         records.append(journal(conn, tx, op.conversation_id, message_id, call, ToolCallEvent))
@@ -126,6 +147,8 @@ def _tool_calls(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolCalls) -> li
 
 
 def _tool_result(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolResult) -> MessageRecord:
+    if op.recheck and (stored := _stored(conn, op)) is not None:
+        return stored
     record = journal(conn, tx, op.conversation_id, op.message_id, op.result,
                      ToolFailed if op.result.is_error else ToolResultEvent)
     append_memory(conn, tx, op.conversation_id, op.item, op.message_id)
@@ -133,6 +156,8 @@ def _tool_result(conn: sqlite3.Connection, tx: Tx, op: ops.AppendToolResult) -> 
 
 
 def _finish_turn(conn: sqlite3.Connection, tx: Tx, op: ops.FinishTurn) -> list[MessageRecord]:
+    if op.recheck and (stored := _stored(conn, op)) is not None:
+        return stored
     out: list[MessageRecord] = []
     if op.assistant is not None:
         message_id, answer = op.assistant
