@@ -23,7 +23,15 @@ from agentik.storage import ops
 from agentik.storage import queries as q
 from agentik.storage.actor import Storage
 from agentik.testing import FunctionLlm
-from agentik.wire import AssistantItem, AssistantMessage, MessageRecord, Text, ToolItem, ToolResult
+from agentik.wire import (
+    AssistantItem,
+    AssistantMessage,
+    MessageRecord,
+    Text,
+    ToolItem,
+    ToolResult,
+    UserItem,
+)
 from tests.tcp_proxy import open_tcp_proxy
 from tests.test_pg_cluster import create, node, send
 from tests.test_pg_outage import _waits_on_a_lock
@@ -160,6 +168,32 @@ async def test_a_tool_result_cut_off_in_flight_is_stored_once(
             memory = await a.reader.run(q.working_memory, "c1")
             assert [type(item).__name__ for _, item in memory] == [
                 "SystemItem", "ToolItem", "ToolItem"]
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])
+async def test_a_turn_s_start_cut_off_in_flight_puts_its_message_in_memory_once(
+        pg_url: str, committed: bool) -> None:
+    """Else the model would see the user's message twice."""
+    def start(turn_id: str) -> ops.StartTurn:
+        return ops.StartTurn(conversation_id="c1", turn_id=turn_id,
+                             item=UserItem(content=[Text(body=turn_id)]))
+
+    async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
+        through = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        async with node(through, db_timeout=5.0) as a:
+            await create(a, "c1")
+            await a.write(send("c1", "m0"))
+            await a.write(start("m0"))  # the statement, prepared
+            await a.write(send("c1", "m1"))
+            result = await _cut_in_flight(
+                a, proxy, pg_url, partial(a.write_until_stored, start("m1")), committed=committed,
+                stored="SELECT count(*) FROM working_memory WHERE source_message_id = 'm1'")
+            assert result is None  # as a first success
+            memory = await a.reader.run(q.working_memory, "c1")
+            assert [item for _, item in memory][1:] == [start("m0").item, start("m1").item]
+            with psycopg.connect(pg_url) as conn:
+                assert conn.execute("SELECT id, state FROM turn ORDER BY id").fetchall() == [
+                    ("m0", "running"), ("m1", "running")]
 
 
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])

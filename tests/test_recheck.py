@@ -29,11 +29,13 @@ from agentik.wire import (
     AssistantMessage,
     Error,
     MessageRecord,
+    SummaryItem,
     Text,
     ToolCall,
     ToolCallSpec,
     ToolItem,
     ToolResult,
+    UserItem,
     UserMessage,
 )
 from tests.conftest import StorageTarget
@@ -68,18 +70,44 @@ def record(mid: str, seq: int) -> MessageRecord:
                          message=AssistantMessage(content=[Text(body=mid)]))
 
 
-def test_rechecked_flags_only_a_turn_s_journal_writes() -> None:
-    for op in (answer(), tool_result(), tool_calls()):
+def start(cid: str = "c1", turn_id: str = "m1") -> ops.StartTurn:
+    return ops.StartTurn(conversation_id=cid, turn_id=turn_id,
+                         item=UserItem(content=[Text(body=turn_id)]))
+
+
+def compact(before: int = 4, summary: str | None = "sum", dropped: int = 2) -> ops.Compact:
+    return ops.Compact(conversation_id="c1", before_order_idx=before, dropped=dropped,
+                       summary=None if summary is None else SummaryItem(text=summary))
+
+
+def test_rechecked_flags_only_a_turn_s_writes() -> None:
+    for op in (answer(), tool_result(), tool_calls(), start(), compact()):
         again = ops.rechecked(op)
         assert again.recheck and not op.recheck  # type: ignore[union-attr]
         assert ops.rechecked(again) is again
         assert again == type(op)(**{**{f: getattr(op, f) for f in op.__struct_fields__},
                                     "recheck": True})
-    start = ops.StartTurn(conversation_id="c1", turn_id="m1", item=AssistantItem(content=[]))
-    assert ops.rechecked(start) is start
+    rename = ops.RenameConversation(conversation_id="c1", title="t")
+    assert ops.rechecked(rename) is rename
     assert ops.journal_ids(failed()) == ("p1", "e1")
     assert ops.journal_ids(tool_calls()) == ("t1", "t2")
     assert ops.journal_ids(tool_result()) == ("r1",)
+    assert ops.journal_ids(start()) == ops.journal_ids(compact()) == ()
+
+
+def test_a_compaction_is_stored_when_its_range_holds_its_summary_alone() -> None:
+    """Before it, the range held the items it drops (``dropped`` of them); after it, its
+    summary alone (none without one)."""
+    summary, other = SummaryItem(text="sum"), UserItem(content=[Text(body="q")])
+    assert ops.compacted(compact(), [summary])
+    assert not ops.compacted(compact(), [summary, other])
+    assert not ops.compacted(compact(), [other])
+    assert not ops.compacted(compact(), [SummaryItem(text="an older one")])
+    assert not ops.compacted(compact(), [])
+    assert ops.compacted(compact(summary=None), [])
+    assert not ops.compacted(compact(summary=None), [other])
+    # one that drops nothing changes nothing there: it cannot tell, so planned as a first one
+    assert not ops.compacted(compact(summary=None, dropped=0), [])
 
 
 def _plan(found: Found | None) -> Plan:
@@ -124,13 +152,46 @@ def test_a_rechecked_ending_of_a_turn_closed_meanwhile_stores_nothing() -> None:
     assert _rows(p) == (0, [], 0, [], [])
 
 
+def _all_rows(p: Plan) -> tuple[Any, ...]:
+    return (*_rows(p), list(p.memory), list(p.memory_cut), list(p.turns_running), dict(p.turns))
+
+
+def _cut_plan(found: Found | None) -> Plan:
+    p = _plan(found)
+    p.compact_first["c1"] = 2  # the first item after the system prompt (PgWriter._load)
+    return p
+
+
+@pytest.mark.parametrize("op", [start(), compact()], ids=["start", "compact"])
+def test_a_recheck_of_a_memory_write_found_stored_plans_nothing(op: Any) -> None:
+    """A StartTurn whose user item is in working memory (else it would be there twice), a
+    Compact whose cut is (else a second CompactionTriggered): nothing planned, None returned
+    as by a first success."""
+    p = _cut_plan(Found(started={("c1", "m1")}, compacted={("c1", 4)}))
+    empty = _all_rows(p)
+    result = plan_op(p, ops.rechecked(op))
+    assert _all_rows(p) == empty and p.n == 0
+    assert callable(result) and result(123) is None
+
+
+@pytest.mark.parametrize("op", [start(), compact()], ids=["start", "compact"])
+def test_a_recheck_of_a_memory_write_not_stored_plans_a_first_attempt(op: Any) -> None:
+    first = _cut_plan(None)
+    plain = plan_op(first, op)
+    # not stored: another turn started, another cut made, nothing of this one
+    p = _cut_plan(Found(started={("c1", "m0"), ("c2", "m1")}, compacted={("c1", 3)}))
+    again = plan_op(p, ops.rechecked(op))
+    assert _all_rows(p) == _all_rows(first) and (p.memory or p.memory_cut)
+    assert again(0) is plain(0) is None  # type: ignore[operator]
+
+
 def test_only_a_retry_needs_a_read_first() -> None:
     class NoReads:
         def execute(self, *args: object) -> None:
             raise AssertionError("a batch without a recheck read something")
 
-    batch: list[ops.AnyOp] = [answer(), tool_result(), tool_calls()]
-    assert read_found(NoReads(), batch) is None  # type: ignore[arg-type]
+    batch: list[ops.AnyOp] = [answer(), tool_result(), tool_calls(), start()]
+    assert read_found(NoReads(), [*batch, compact()]) is None  # type: ignore[arg-type]
     after = Flight([], _plan(None), [])
     assert seed_after(Plan(epoch="e", now=1.0), batch, after, {}) is not None  # follows
     for i in range(len(batch)):
@@ -244,3 +305,49 @@ async def test_both_engines_plan_a_recheck_alike(target: StorageTarget) -> None:
         memory = await st.reader.run(q.working_memory, "c1")
         assert [type(item).__name__ for _, item in memory] == [
             "SystemItem", "AssistantItem", "ToolItem", "AssistantItem"]  # each once
+
+
+def test_a_recheck_of_memory_writes_reads_working_memory_alone() -> None:
+    """A rechecked StartTurn or Compact reads nothing of the journal nor the turn rows."""
+    read: list[str] = []
+
+    class Conn:
+        def execute(self, sql: str, args: object) -> list[Any]:
+            read.append(sql.split(" WHERE ")[0])
+            return []
+
+    found = read_found(Conn(), [ops.rechecked(start()), ops.rechecked(compact())])  # type: ignore[arg-type]
+    assert found == Found()
+    assert read == ["SELECT conversation_id, source_message_id FROM working_memory",
+                    "SELECT payload FROM working_memory"]
+
+
+async def test_both_engines_recheck_a_start_and_a_compaction_alike(target: StorageTarget) -> None:
+    async with _storage(target) as st:
+        await st.write(ops.CreateConversation(conversation_id="c1", title=None,
+                                              is_temporal=False, system_prompt="s"))
+
+        async def memory() -> list[tuple[int, str]]:
+            items = await st.reader.run(q.working_memory, "c1")
+            return [(i, getattr(item, "text", None) or item.content[0].body)  # type: ignore[union-attr]
+                    for i, item in items]
+
+        await _turn(st, "c1", "m1")
+        assert await st.write(start(turn_id="m1")) is None
+        head = st.hub.head
+        assert await st.write(ops.rechecked(start(turn_id="m1"))) is None  # found: no 2nd item
+        assert await memory() == [(1, "s"), (2, "m1")] and st.hub.head == head
+        await _turn(st, "c1", "m2")
+        assert await st.write(ops.rechecked(start(turn_id="m2"))) is None  # not stored: stored
+        assert await memory() == [(1, "s"), (2, "m1"), (3, "m2")]
+
+        assert await st.write(compact(before=3, summary="sum", dropped=1)) is None
+        head = st.hub.head
+        assert await st.write(ops.rechecked(compact(before=3, summary="sum", dropped=1))) is None
+        assert await memory() == [(1, "s"), (2, "sum"), (3, "m2")]
+        assert st.hub.head == head  # no second CompactionTriggered
+        # not stored: a recheck cuts as a first attempt does (and tells it)
+        assert await st.write(ops.rechecked(compact(before=4, summary=None, dropped=2))) is None
+        assert await memory() == [(1, "s")] and st.hub.head == head + 1
+        assert await st.write(ops.rechecked(compact(before=4, summary=None, dropped=2))) is None
+        assert st.hub.head == head + 1

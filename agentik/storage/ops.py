@@ -79,9 +79,14 @@ class AppendUserMessage(Op, frozen=True, kw_only=True):
 
 
 class StartTurn(Op, frozen=True, kw_only=True):
+    """The turn's user item into working memory (``source_message_id`` = the turn id, which is
+    its user message's id) and its turn row set running."""
+
     conversation_id: str
     turn_id: str
     item: WorkingItem
+    #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
+    recheck: bool = False
 
 
 class AppendToolCalls(Op, frozen=True, kw_only=True):
@@ -129,6 +134,8 @@ class Compact(Op, frozen=True, kw_only=True):
     before_order_idx: int
     summary: WorkingItem | None
     dropped: int
+    #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
+    recheck: bool = False
 
 
 class RecoverTurns(Op, frozen=True, kw_only=True):
@@ -182,9 +189,9 @@ AnyOp = (
 
 
 #: the ops with a rechecked form (:func:`rechecked`), by exact type
-RECHECKABLE = frozenset({AppendToolCalls, AppendToolResult, FinishTurn})
+RECHECKABLE = frozenset({AppendToolCalls, AppendToolResult, FinishTurn, StartTurn, Compact})
 
-Recheckable = AppendToolCalls | AppendToolResult | FinishTurn
+Recheckable = AppendToolCalls | AppendToolResult | FinishTurn | StartTurn | Compact
 
 
 def journal_ids(op: Recheckable) -> tuple[str, ...]:
@@ -193,17 +200,31 @@ def journal_ids(op: Recheckable) -> tuple[str, ...]:
         return (op.message_id,)
     if type(op) is AppendToolCalls:
         return tuple(message_id for message_id, _ in op.calls)
-    assert type(op) is FinishTurn
-    return tuple(made[0] for made in (op.assistant, op.error) if made is not None)
+    if type(op) is FinishTurn:
+        return tuple(made[0] for made in (op.assistant, op.error) if made is not None)
+    return ()  # a StartTurn, a Compact: working memory only
+
+
+def compacted(op: Compact, kept: list[WorkingItem]) -> bool:
+    """Whether ``op`` is stored, from the working-memory items left with order_idx between the
+    system prompt's and ``op.before_order_idx`` (``kept``, in order; two are enough): its
+    summary alone, or none without one. Before it, that range held the ``op.dropped`` items it
+    replaces (the actor, its only writer, planned it from them), so that tells unless it drops
+    nothing (then it changes nothing there: planned as a first attempt, its event may be
+    stored twice) or drops one item equal to its summary (then storing it again changes
+    nothing there either)."""
+    return op.dropped > 0 and kept == ([] if op.summary is None else [op.summary])
 
 
 def rechecked(op: AnyOp) -> AnyOp:
     """``op`` to retry after StorageOutcomeUnknownError (its first attempt may be stored).
 
-    For a turn's journal writes (:data:`RECHECKABLE`), the copy with ``recheck`` set: its plan
-    first reads whether the first attempt was stored (one of its journal message ids exists;
-    for a FinishTurn also: its turn row is gone, the turn has its end) and then stores nothing
-    and returns what is stored (the records, as a first success would have), else stores it as
+    For a turn's writes (:data:`RECHECKABLE`), the copy with ``recheck`` set: its plan first
+    reads whether the first attempt was stored (one of its journal message ids exists; for a
+    FinishTurn also: its turn row is gone, the turn has its end; for a StartTurn: a working
+    memory item of its conversation has the turn id as its source; for a Compact: what
+    :func:`compacted` says) and then stores nothing and returns what is stored (the records,
+    as a first success would have; None for a StartTurn, a Compact), else stores it as
     usual. Both engines plan it so (SQLite never has an unknown outcome, the check is the same).
     Only a retry pays that read: a first attempt plans from the conversation row alone.
     Any other op is returned as it is (a plain retry: one without an Idempotency-Key may store

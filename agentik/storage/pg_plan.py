@@ -97,11 +97,15 @@ def const(value: Any) -> Result:
 @dataclass
 class Found:
     """What the rechecked ops of a batch (``ops.rechecked``) need, read before it is planned
-    (``PgWriter._load``): their journal records already stored, by message id, and which of
-    their FinishTurns' turn rows are still open, as (conversation id, turn id)."""
+    (``PgWriter._load``): their journal records already stored, by message id, which of
+    their FinishTurns' turn rows are still open and which of their StartTurns' user items are in
+    working memory, as (conversation id, turn id), and which of their Compacts are stored, as
+    (conversation id, before_order_idx)."""
 
     records: dict[str, MessageRecord] = field(default_factory=dict)
     turns: set[tuple[str, str]] = field(default_factory=set)
+    started: set[tuple[str, str]] = field(default_factory=set)
+    compacted: set[tuple[str, int]] = field(default_factory=set)
 
 
 @dataclass

@@ -34,7 +34,9 @@ from agentik.wire import (
     ToolFailed,
     ToolResultEvent,
     UserMessageEvent,
+    WorkingItem,
     decode_message,
+    decode_working_item,
 )
 
 
@@ -84,6 +86,8 @@ _NONE = const(None)
 
 def _start_turn(p: Plan, op: ops.StartTurn) -> Result:
     p.require(op.conversation_id)
+    if op.recheck and (op.conversation_id, op.turn_id) in _found(p).started:
+        return _NONE  # stored: its user item is in working memory
     p.remember(op.conversation_id, op.item, op.turn_id)
     queued = p.turns.get(op.turn_id)
     if queued is not None:
@@ -93,11 +97,15 @@ def _start_turn(p: Plan, op: ops.StartTurn) -> Result:
     return _NONE
 
 
+def _found(p: Plan) -> Found:
+    assert p.found is not None  # read with a batch holding a recheck (PgWriter._plan)
+    return p.found
+
+
 def _stored(p: Plan, op: ops.Recheckable) -> Result | None:
     """A rechecked op's result when its first attempt is stored (``ops.rechecked``): one of its
     records is in the journal, or (a FinishTurn) its turn row is gone; else None."""
-    found = p.found
-    assert found is not None  # read with the batch (PgWriter._load)
+    found = _found(p)
     records = [found.records[i] for i in ops.journal_ids(op) if i in found.records]
     if not records:
         if type(op) is not ops.FinishTurn or op.turn_id is None:
@@ -109,27 +117,48 @@ def _stored(p: Plan, op: ops.Recheckable) -> Result | None:
 
 def read_found(conn: psycopg.Connection[Any], batch: list[ops.AnyOp]) -> Found | None:
     """The one read the rechecked ops of ``batch`` (``ops.rechecked``) need (``PgWriter._load``):
-    their records already stored, and which of their FinishTurns' turns are still open; None
-    (nothing read) when it has none. A retry after an unknown outcome is planned only once that
-    outcome's session has ended (``PgWriter._settle``), so this sees whatever it left."""
+    their records already stored, which of their FinishTurns' turns are still open, which of
+    their StartTurns' items and Compacts are stored; None (nothing read) when it has none. A
+    retry after an unknown outcome is planned only once that outcome's session has ended
+    (``PgWriter._settle``), so this sees whatever it left."""
     rechecks: list[ops.Recheckable] = [
         op for op in batch if type(op) in ops.RECHECKABLE and op.recheck]  # type: ignore[misc,union-attr]
     if not rechecks:
         return None
     found = Found()
     ids = [i for op in rechecks for i in ops.journal_ids(op)]
-    for r in conn.execute("SELECT id, seq, conversation_id, created_at, payload FROM message "
-                          "WHERE id = ANY(%s::text[])", (ids,)):
-        found.records[r[0]] = MessageRecord(id=r[0], seq=int(r[1]), conversation_id=r[2],
-                                            created_at=r[3], message=decode_message(r[4]))
-    turns = [(op.conversation_id, op.turn_id) for op in rechecks
-             if type(op) is ops.FinishTurn and op.turn_id is not None]
-    if turns:
-        found.turns.update((r[0], r[1]) for r in conn.execute(
-            "SELECT conversation_id, id FROM turn WHERE (conversation_id, id) IN "
-            "(SELECT * FROM unnest(%s::text[], %s::text[]))",
-            ([t[0] for t in turns], [t[1] for t in turns])))
+    if ids:
+        for r in conn.execute("SELECT id, seq, conversation_id, created_at, payload FROM message "
+                              "WHERE id = ANY(%s::text[])", (ids,)):
+            found.records[r[0]] = MessageRecord(id=r[0], seq=int(r[1]), conversation_id=r[2],
+                                                created_at=r[3], message=decode_message(r[4]))
+    found.turns = _pairs(conn, "turn", "id", [(op.conversation_id, op.turn_id) for op in rechecks
+                                              if type(op) is ops.FinishTurn and op.turn_id])
+    found.started = _pairs(conn, "working_memory", "source_message_id", [
+        (op.conversation_id, op.turn_id) for op in rechecks if type(op) is ops.StartTurn])
+    found.compacted = {(op.conversation_id, op.before_order_idx) for op in rechecks
+                       if type(op) is ops.Compact and ops.compacted(op, _kept(conn, op))}
     return found
+
+
+def _kept(conn: psycopg.Connection[Any], op: ops.Compact) -> list[WorkingItem]:
+    """The first two working-memory items between the system prompt and ``op``'s cut."""
+    return [decode_working_item(r[0]) for r in conn.execute(
+        "SELECT payload FROM working_memory WHERE conversation_id = %(c)s AND order_idx < %(b)s "
+        "AND order_idx > (SELECT MIN(order_idx) FROM working_memory WHERE conversation_id = %(c)s) "
+        "ORDER BY order_idx LIMIT 2", {"c": op.conversation_id, "b": op.before_order_idx})]
+
+
+def _pairs(conn: psycopg.Connection[Any], table: str, column: str,
+           pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Those of ``pairs`` (conversation id, ``column``) that rows of ``table`` have; no read
+    when there are none."""
+    if not pairs:
+        return set()
+    return {(r[0], r[1]) for r in conn.execute(
+        f"SELECT conversation_id, {column} FROM {table} WHERE (conversation_id, {column}) IN "
+        "(SELECT * FROM unnest(%s::text[], %s::text[]))",
+        ([t[0] for t in pairs], [t[1] for t in pairs]))}
 
 
 def _tool_calls(p: Plan, op: ops.AppendToolCalls) -> Result:
@@ -180,6 +209,8 @@ def _finish_turn(p: Plan, op: ops.FinishTurn) -> Result:
 def _compact(p: Plan, op: ops.Compact) -> Result:
     cid = op.conversation_id
     p.require(cid)
+    if op.recheck and (cid, op.before_order_idx) in _found(p).compacted:
+        return _NONE  # stored (ops.compacted)
     first = p.compact_first.get(cid)
     p.memory_cut.append((cid, first if first is not None else op.before_order_idx,
                          op.before_order_idx))

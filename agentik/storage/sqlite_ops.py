@@ -51,6 +51,7 @@ from agentik.wire import (
     ToolResultEvent,
     UserMessageEvent,
     decode_message,
+    decode_working_item,
     encode,
 )
 
@@ -111,6 +112,10 @@ def _append_user(conn: sqlite3.Connection, tx: Tx, op: ops.AppendUserMessage) ->
 
 def _start_turn(conn: sqlite3.Connection, tx: Tx, op: ops.StartTurn) -> None:
     conversation_exists(conn, op.conversation_id)  # takes no seq: checked up front
+    if op.recheck and conn.execute(  # stored: its user item is in working memory
+            "SELECT 1 FROM working_memory WHERE conversation_id=? AND source_message_id=?",
+            (op.conversation_id, op.turn_id)).fetchone() is not None:
+        return
     append_memory(conn, tx, op.conversation_id, op.item, op.turn_id)
     conn.execute("UPDATE turn SET state='running' WHERE conversation_id=? AND id=?",
                  (op.conversation_id, op.turn_id))
@@ -184,6 +189,8 @@ def _finish_turn(conn: sqlite3.Connection, tx: Tx, op: ops.FinishTurn) -> list[M
 
 
 def _compact(conn: sqlite3.Connection, tx: Tx, op: ops.Compact) -> None:
+    if op.recheck and _compacted(conn, op):
+        return
     first = conn.execute(
         "SELECT MIN(order_idx) FROM working_memory WHERE conversation_id=? AND order_idx > "
         "(SELECT MIN(order_idx) FROM working_memory WHERE conversation_id=?)",
@@ -207,6 +214,16 @@ def _compact(conn: sqlite3.Connection, tx: Tx, op: ops.Compact) -> None:
     emit(tx, seq, op.conversation_id,
           CompactionTriggered(dropped_items=op.dropped, summary=summary_text),
           kind="conversation")
+
+
+def _compacted(conn: sqlite3.Connection, op: ops.Compact) -> bool:
+    """A rechecked Compact: whether its first attempt is stored (``ops.compacted``)."""
+    conversation_exists(conn, op.conversation_id)
+    rows = conn.execute(
+        "SELECT payload FROM working_memory WHERE conversation_id=? AND order_idx < ? AND "
+        "order_idx > (SELECT MIN(order_idx) FROM working_memory WHERE conversation_id=?) "
+        "ORDER BY order_idx LIMIT 2", (op.conversation_id, op.before_order_idx, op.conversation_id))
+    return ops.compacted(op, [decode_working_item(r[0]) for r in rows])
 
 
 def _recover_turns(conn: sqlite3.Connection, tx: Tx, op: ops.RecoverTurns) -> int:
