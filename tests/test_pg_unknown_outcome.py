@@ -27,6 +27,7 @@ from agentik.wire import (
     AssistantItem,
     AssistantMessage,
     MessageRecord,
+    SummaryItem,
     Text,
     ToolItem,
     ToolResult,
@@ -194,6 +195,32 @@ async def test_a_turn_s_start_cut_off_in_flight_puts_its_message_in_memory_once(
             with psycopg.connect(pg_url) as conn:
                 assert conn.execute("SELECT id, state FROM turn ORDER BY id").fetchall() == [
                     ("m0", "running"), ("m1", "running")]
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])
+async def test_a_compaction_cut_off_in_flight_is_made_and_told_once(
+        pg_url: str, committed: bool) -> None:
+    def compact(before: int, summary: str) -> ops.Compact:
+        return ops.Compact(conversation_id="c1", before_order_idx=before, dropped=2,
+                           summary=SummaryItem(text=summary))
+
+    told = "SELECT count(*) FROM outbox WHERE convert_from(payload, 'UTF8') LIKE '%%sum2%%'"
+    async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
+        through = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        async with node(through, db_timeout=5.0) as a:
+            await create(a, "c1")
+            for i in range(4):
+                await a.write(tool_result("c1", f"r{i}"))  # order_idx 2 to 5
+            await a.write(compact(4, "sum1"))  # the statement, prepared: sum1, r2, r3
+            result = await _cut_in_flight(a, proxy, pg_url, partial(
+                a.write_until_stored, compact(5, "sum2")), told, committed=committed)
+            assert result is None
+            memory = await a.reader.run(q.working_memory, "c1")
+            assert [(i, type(item).__name__) for i, item in memory] == [
+                (1, "SystemItem"), (2, "SummaryItem"), (5, "ToolItem")]
+            assert memory[1][1] == SummaryItem(text="sum2")
+            with psycopg.connect(pg_url) as conn:
+                assert _count(conn, told) == 1  # one CompactionTriggered
 
 
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])

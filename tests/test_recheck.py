@@ -16,7 +16,7 @@ import trio
 
 from agentik.actors import turn as logic
 from agentik.actors.ending import TurnEndings
-from agentik.errors import StorageOutcomeUnknownError, StorageUnavailableError
+from agentik.errors import NotFoundError, StorageOutcomeUnknownError, StorageUnavailableError
 from agentik.storage import ops
 from agentik.storage import queries as q
 from agentik.storage.actor import Storage, run_storage
@@ -351,3 +351,8 @@ async def test_both_engines_recheck_a_start_and_a_compaction_alike(target: Stora
         assert await memory() == [(1, "s")] and st.hub.head == head + 1
         assert await st.write(ops.rechecked(compact(before=4, summary=None, dropped=2))) is None
         assert st.hub.head == head + 1
+        # its conversation gone: refused as a first attempt is
+        assert await st.write(ops.DeleteConversation(conversation_id="c1"))
+        for op in (compact(before=4, summary=None, dropped=2), start(turn_id="m2")):
+            with pytest.raises(NotFoundError):
+                await st.write(ops.rechecked(op))
