@@ -110,8 +110,8 @@ async def retry_until_stored(
     once.
 
     After a StorageOutcomeUnknownError (PostgreSQL: the connection failed with the commit in
-    flight, which may have stored it) the retries write ``ops.rechecked(op)``: a turn's journal
-    write then stores nothing if its first attempt was stored, and returns what is stored. A
+    flight, which may have stored it) the retries write ``ops.rechecked(op)``: a turn's write
+    then stores nothing if its first attempt was stored, and returns what is stored. A
     cancel after such an outcome leaves it unknown whether ``op`` was stored: whoever goes on
     storing it must write ``ops.rechecked(op)`` (``actors/ending.py`` does)."""
     delays = backoff.delays()

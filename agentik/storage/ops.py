@@ -226,7 +226,7 @@ def rechecked(op: AnyOp) -> AnyOp:
     :func:`compacted` says) and then stores nothing and returns what is stored (the records,
     as a first success would have; None for a StartTurn, a Compact), else stores it as
     usual. Both engines plan it so (SQLite never has an unknown outcome, the check is the same).
-    Only a retry pays that read: a first attempt plans from the conversation row alone.
+    Only a retry pays that read: a first attempt reads what it always did.
     Any other op is returned as it is (a plain retry: one without an Idempotency-Key may store
     it twice)."""
     if type(op) in RECHECKABLE and not op.recheck:  # type: ignore[union-attr]
