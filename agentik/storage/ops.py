@@ -211,8 +211,8 @@ def compacted(op: Compact, kept: list[WorkingItem]) -> bool:
     summary alone, or none without one. Before it, that range held the ``op.dropped`` items it
     replaces (the actor, its only writer, planned it from them), so that tells unless it drops
     nothing (then it changes nothing there: planned as a first attempt, its event may be
-    stored twice) or drops one item equal to its summary (then storing it again changes
-    nothing there either)."""
+    stored twice) or drops one item equal to its summary (then taken as stored: working memory
+    is as it would leave it, only its event may be missing)."""
     return op.dropped > 0 and kept == ([] if op.summary is None else [op.summary])
 
 
