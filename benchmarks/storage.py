@@ -54,7 +54,10 @@ async def _durable_events_per_s(path: str, *, max_batch: int, writers: int, per_
 
 async def storage_group_commit(quick: bool) -> dict[str, Any]:
     """Durable events/s through the StorageActor, 64 concurrent writers, synchronous=FULL:
-    group commit (batches up to 512) vs one commit per event (max_batch=1), same run."""
+    group commit (batches up to 512) vs one commit per event (max_batch=1), same run; beside
+    them, plain sqlite3 on the same disk storing this benchmark's rows (an outbox row, a journal
+    row and a turn row an event, the conversation's seq a commit) in batches of 64 (what 64
+    writers make) vs one commit an event: what SQLite itself gives, and its own ratio."""
     writers = 64
     per_writer = 20 if quick else 80
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,12 +65,55 @@ async def storage_group_commit(quick: bool) -> dict[str, Any]:
                                               writers=writers, per_writer=per_writer)
         single = await _durable_events_per_s(str(Path(tmp) / "s.db"), max_batch=1,
                                              writers=writers, per_writer=per_writer // 4)
+        plain = await trio.to_thread.run_sync(
+            _plain_events_per_s, str(Path(tmp) / "p.db"), writers, writers * per_writer)
+        plain_single = await trio.to_thread.run_sync(
+            _plain_events_per_s, str(Path(tmp) / "q.db"), 1, writers * per_writer // 4)
     return {
         "name": "storage_group_commit",
         "events_per_s": round(grouped),
         "baseline_events_per_s": round(single),
         "ratio": round(grouped / single, 1),
+        "plain_batch64_events_per_s": round(plain),
+        "plain_one_commit_events_per_s": round(plain_single),
+        "plain_ratio": round(plain / plain_single, 1),
     }
+
+
+def _plain_events_per_s(path: str, batch: int, events: int) -> float:
+    """Plain sqlite3 with agentik's pragmas (WAL, synchronous=FULL) and schema: the rows of
+    ``events`` user messages (payloads of the sizes agentik stores for this benchmark's
+    200-character message) in commits of ``batch``, no actor, no planning."""
+    from agentik.storage.schema import migrate
+    from agentik.storage.writer import open_connection
+
+    conn = open_connection(path, synchronous="FULL")
+    try:
+        migrate(conn)
+        conn.execute("INSERT INTO conversation (id, title, is_temporal, created_at, updated_at,"
+                     " seq) VALUES ('c', NULL, 0, 1.0, 1.0, 0)")
+        outbox, journal = b"x" * 470, b"x" * 280
+        seq = 1
+        start = time.perf_counter()
+        for _ in range(events // batch):
+            offsets = range(seq, seq + batch)
+            conn.execute("BEGIN")
+            conn.executemany(
+                'INSERT INTO outbox ("offset", conversation_id, kind, created_at, payload) '
+                "VALUES (?, 'c', 'conversation', 1.0, ?)", [(o, outbox) for o in offsets])
+            conn.executemany(
+                "INSERT INTO message (seq, id, conversation_id, type, created_at, payload) "
+                "VALUES (?, ?, 'c', 'user', 1.0, ?)", [(o, new_id(), journal) for o in offsets])
+            conn.executemany(
+                "INSERT INTO turn (conversation_id, id, state, seq) VALUES ('c', ?, 'queued', ?)",
+                [(f"t{o}", o) for o in offsets])
+            conn.execute("UPDATE conversation SET seq = ?, updated_at = 2.0 WHERE id = 'c'",
+                         (seq + batch - 1,))
+            conn.execute("COMMIT")
+            seq += batch
+        return (events // batch) * batch / (time.perf_counter() - start)
+    finally:
+        conn.close()
 
 
 async def storage_full_outbox(quick: bool) -> dict[str, Any]:
