@@ -246,11 +246,14 @@ async def test_a_turn_whose_answer_was_cut_off_in_flight_ends_once(
             st: Storage = agent._deps.storage
 
             async def journal(n: int) -> list[MessageRecord]:
-                for _ in range(2000):
-                    got = await agent.journal.list(conv.id)
-                    if len(got) >= n:
-                        return got
-                    await trio.sleep(0.01)
+                got: list[MessageRecord] = []
+                # bounded in time too: a read can take seconds while the read pool reconnects
+                with trio.move_on_after(30):
+                    while len(got) < n:
+                        got = await agent.journal.list(conv.id)
+                        if len(got) < n:
+                            await trio.sleep(0.01)
+                    return got
                 pytest.fail(f"the journal never had {n} records: {got}")
 
             await conv.send("first")
