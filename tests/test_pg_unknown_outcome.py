@@ -8,7 +8,8 @@ it finds the first one and returns it, or stores it."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -49,6 +50,16 @@ def tool_result(cid: str, message_id: str) -> ops.AppendToolResult:
         conversation_id=cid, message_id=message_id,
         result=ToolResult(call_id=message_id, name="t", content="42"),
         item=ToolItem(call_id=message_id, name="t", content="42"))
+
+@asynccontextmanager
+async def cut_node(pg_url: str) -> AsyncIterator[tuple[Any, Storage]]:
+    """A node reaching PostgreSQL through a proxy that can cut its connections, conversation c1
+    created."""
+    async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
+        through = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        async with node(through, db_timeout=5.0) as a:
+            await create(a, "c1")
+            yield proxy, a
 
 
 def _count(watch: psycopg.Connection[Any], sql: str, *args: object) -> int:
@@ -124,51 +135,45 @@ def _stored(op: ops.Recheckable) -> str:
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])
 async def test_an_answer_cut_off_in_flight_is_the_turn_s_one_terminal_record(
         pg_url: str, committed: bool) -> None:
-    async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
-        through = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-        async with node(through, db_timeout=5.0) as a:
-            await create(a, "c1")
-            await a.write(send("c1", "m0"))
-            await a.write(answer("c1", "m0", "a0"))  # the ending's statement, prepared
-            await a.write(send("c1", "m1"))
-            op = answer("c1", "m1", "a1")
-            result = await _cut_in_flight(a, proxy, pg_url, partial(a.write_until_stored, op),
-                                          _stored(op), committed=committed)
-            # what a first success returns: the answer's record, as stored
-            assert [r.id for r in result] == ["a1"] and isinstance(result[0], MessageRecord)
-            journal = await a.reader.run(q.get_messages, "c1", 0, 0, 100)
-            assert [(m.id, type(m.message).__name__) for m in journal] == [
-                ("m0", "UserMessage"), ("a0", "AssistantMessage"),
-                ("m1", "UserMessage"), ("a1", "AssistantMessage")]
-            assert result == [journal[3]]
-            with psycopg.connect(pg_url) as conn:
-                assert _count(conn, "SELECT count(*) FROM turn") == 0
-                # the turn's ending once in the outbox: one answer event, one touched
-                assert _count(conn, "SELECT count(*) FROM outbox WHERE convert_from(payload, "
-                              "'UTF8') LIKE '%%\"a1\"%%'") == 1
-            assert (await a.reader.run(q.working_memory, "c1"))[-1][1] == AssistantItem(
-                content=[Text(body="a1")])
-            assert len(await a.reader.run(q.working_memory, "c1")) == 3  # system, a0, a1
+    async with cut_node(pg_url) as (proxy, a):
+        await a.write(send("c1", "m0"))
+        await a.write(answer("c1", "m0", "a0"))  # the ending's statement, prepared
+        await a.write(send("c1", "m1"))
+        op = answer("c1", "m1", "a1")
+        result = await _cut_in_flight(a, proxy, pg_url, partial(a.write_until_stored, op),
+                                      _stored(op), committed=committed)
+        # what a first success returns: the answer's record, as stored
+        assert [r.id for r in result] == ["a1"] and isinstance(result[0], MessageRecord)
+        journal = await a.reader.run(q.get_messages, "c1", 0, 0, 100)
+        assert [(m.id, type(m.message).__name__) for m in journal] == [
+            ("m0", "UserMessage"), ("a0", "AssistantMessage"),
+            ("m1", "UserMessage"), ("a1", "AssistantMessage")]
+        assert result == [journal[3]]
+        with psycopg.connect(pg_url) as conn:
+            assert _count(conn, "SELECT count(*) FROM turn") == 0
+            # the turn's ending once in the outbox: one answer event, one touched
+            assert _count(conn, "SELECT count(*) FROM outbox WHERE convert_from(payload, "
+                          "'UTF8') LIKE '%%\"a1\"%%'") == 1
+        assert (await a.reader.run(q.working_memory, "c1"))[-1][1] == AssistantItem(
+            content=[Text(body="a1")])
+        assert len(await a.reader.run(q.working_memory, "c1")) == 3  # system, a0, a1
 
 
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])
 async def test_a_tool_result_cut_off_in_flight_is_stored_once(
         pg_url: str, committed: bool) -> None:
-    async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
-        through = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-        async with node(through, db_timeout=5.0) as a:
-            await create(a, "c1")
-            await a.write(send("c1", "m0"))
-            await a.write(tool_result("c1", "r0"))  # the statement, prepared
-            op = tool_result("c1", "r1")
-            result = await _cut_in_flight(a, proxy, pg_url, partial(a.write_until_stored, op),
-                                          _stored(op), committed=committed)
-            journal = await a.reader.run(q.get_messages, "c1", 0, 0, 100)
-            assert [m.id for m in journal] == ["m0", "r0", "r1"]
-            assert result == journal[2]
-            memory = await a.reader.run(q.working_memory, "c1")
-            assert [type(item).__name__ for _, item in memory] == [
-                "SystemItem", "ToolItem", "ToolItem"]
+    async with cut_node(pg_url) as (proxy, a):
+        await a.write(send("c1", "m0"))
+        await a.write(tool_result("c1", "r0"))  # the statement, prepared
+        op = tool_result("c1", "r1")
+        result = await _cut_in_flight(a, proxy, pg_url, partial(a.write_until_stored, op),
+                                      _stored(op), committed=committed)
+        journal = await a.reader.run(q.get_messages, "c1", 0, 0, 100)
+        assert [m.id for m in journal] == ["m0", "r0", "r1"]
+        assert result == journal[2]
+        memory = await a.reader.run(q.working_memory, "c1")
+        assert [type(item).__name__ for _, item in memory] == [
+            "SystemItem", "ToolItem", "ToolItem"]
 
 
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])
@@ -179,22 +184,19 @@ async def test_a_turn_s_start_cut_off_in_flight_puts_its_message_in_memory_once(
         return ops.StartTurn(conversation_id="c1", turn_id=turn_id,
                              item=UserItem(content=[Text(body=turn_id)]))
 
-    async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
-        through = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-        async with node(through, db_timeout=5.0) as a:
-            await create(a, "c1")
-            await a.write(send("c1", "m0"))
-            await a.write(start("m0"))  # the statement, prepared
-            await a.write(send("c1", "m1"))
-            result = await _cut_in_flight(
-                a, proxy, pg_url, partial(a.write_until_stored, start("m1")), committed=committed,
-                stored="SELECT count(*) FROM working_memory WHERE source_message_id = 'm1'")
-            assert result is None  # as a first success
-            memory = await a.reader.run(q.working_memory, "c1")
-            assert [item for _, item in memory][1:] == [start("m0").item, start("m1").item]
-            with psycopg.connect(pg_url) as conn:
-                assert conn.execute("SELECT id, state FROM turn ORDER BY id").fetchall() == [
-                    ("m0", "running"), ("m1", "running")]
+    async with cut_node(pg_url) as (proxy, a):
+        await a.write(send("c1", "m0"))
+        await a.write(start("m0"))  # the statement, prepared
+        await a.write(send("c1", "m1"))
+        result = await _cut_in_flight(
+            a, proxy, pg_url, partial(a.write_until_stored, start("m1")), committed=committed,
+            stored="SELECT count(*) FROM working_memory WHERE source_message_id = 'm1'")
+        assert result is None  # as a first success
+        memory = await a.reader.run(q.working_memory, "c1")
+        assert [item for _, item in memory][1:] == [start("m0").item, start("m1").item]
+        with psycopg.connect(pg_url) as conn:
+            assert conn.execute("SELECT id, state FROM turn ORDER BY id").fetchall() == [
+                ("m0", "running"), ("m1", "running")]
 
 
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])
@@ -205,22 +207,19 @@ async def test_a_compaction_cut_off_in_flight_is_made_and_told_once(
                            summary=SummaryItem(text=summary))
 
     told = "SELECT count(*) FROM outbox WHERE convert_from(payload, 'UTF8') LIKE '%%sum2%%'"
-    async with open_tcp_proxy("127.0.0.1", 5432) as proxy:
-        through = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-        async with node(through, db_timeout=5.0) as a:
-            await create(a, "c1")
-            for i in range(4):
-                await a.write(tool_result("c1", f"r{i}"))  # order_idx 2 to 5
-            await a.write(compact(4, "sum1"))  # the statement, prepared: sum1, r2, r3
-            result = await _cut_in_flight(a, proxy, pg_url, partial(
-                a.write_until_stored, compact(5, "sum2")), told, committed=committed)
-            assert result is None
-            memory = await a.reader.run(q.working_memory, "c1")
-            assert [(i, type(item).__name__) for i, item in memory] == [
-                (1, "SystemItem"), (2, "SummaryItem"), (5, "ToolItem")]
-            assert memory[1][1] == SummaryItem(text="sum2")
-            with psycopg.connect(pg_url) as conn:
-                assert _count(conn, told) == 1  # one CompactionTriggered
+    async with cut_node(pg_url) as (proxy, a):
+        for i in range(4):
+            await a.write(tool_result("c1", f"r{i}"))  # order_idx 2 to 5
+        await a.write(compact(4, "sum1"))  # the statement, prepared: sum1, r2, r3
+        result = await _cut_in_flight(a, proxy, pg_url, partial(
+            a.write_until_stored, compact(5, "sum2")), told, committed=committed)
+        assert result is None
+        memory = await a.reader.run(q.working_memory, "c1")
+        assert [(i, type(item).__name__) for i, item in memory] == [
+            (1, "SystemItem"), (2, "SummaryItem"), (5, "ToolItem")]
+        assert memory[1][1] == SummaryItem(text="sum2")
+        with psycopg.connect(pg_url) as conn:
+            assert _count(conn, told) == 1  # one CompactionTriggered
 
 
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])
