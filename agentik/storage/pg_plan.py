@@ -142,8 +142,8 @@ class Plan:
     task_rows: list[tuple[str, str, str | None, str, int, bytes]] = field(default_factory=list)
     #: pre-read for ops that need more than the conversation rows
     compact_first: dict[str, int | None] = field(default_factory=dict)
-    #: RecoverTurns' open turns by its conversation filter: (turn id, conversation id), and the
-    #: orphans (conversation id, turn id) whose conversation is gone
+    #: RecoverTurns' open turns by its conversation filter, as (conversation id, turn id): those
+    #: of live conversations, and the orphans whose conversation is gone
     open_turns: dict[str | None, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = field(
         default_factory=dict)
     temporary: list[str] | None = None

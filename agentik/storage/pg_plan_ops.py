@@ -227,7 +227,7 @@ def _compact(p: Plan, op: ops.Compact) -> Result:
 def _recover_turns(p: Plan, op: ops.RecoverTurns) -> Result:
     open_turns, orphans = p.open_turns.pop(op.conversation_id, ([], []))
     closed = 0
-    for turn_id, cid in open_turns:
+    for cid, turn_id in open_turns:
         if p.conv.get(cid) is None:
             continue
         error = Error(message=op.message, code=op.code, turn_id=turn_id)

@@ -317,7 +317,7 @@ class PgWriter:
                     {"cid": op.conversation_id, "me": me, "ttl": ttl},
                 ).fetchall()
                 p.open_turns[op.conversation_id] = (
-                    [(r[0], r[1]) for r in rows if r[2]], [(r[1], r[0]) for r in rows if not r[2]])
+                    [(r[1], r[0]) for r in rows if r[2]], [(r[1], r[0]) for r in rows if not r[2]])
                 cids.update(r[1] for r in rows if r[2])
             elif isinstance(op, ops.PurgeTemporary) and p.temporary is None:
                 p.temporary = [r[0] for r in conn.execute(

@@ -258,17 +258,15 @@ def apply_op(conn: sqlite3.Connection, tx: Tx, op: ops.AnyOp) -> Any:
     Dispatched by the op's exact type (a dict look-up: a ``match`` on twelve classes made an
     ``isinstance`` through msgspec's metaclass per case tried, ~3k instructions an event).
     The journal and turn rows the ops before left pending are written first (``write_rows``)
-    unless ``op`` is an AppendUserMessage, the one op that reads neither table."""
-    kind = type(op)
-    if kind is not ops.AppendUserMessage and (tx.messages or tx.turns):
-        write_rows(conn, tx)
-    return _APPLY[kind](conn, tx, op)
+    unless ``op`` is an AppendUserMessage, the one op that reads neither table (the rule lives
+    in :func:`apply_all`, which this is for one op)."""
+    return apply_all(conn, tx, [op])[0]
 
 
 def apply_all(conn: sqlite3.Connection, tx: Tx, batch: list[ops.AnyOp]) -> list[Any]:
-    """:func:`apply_op` for every op of ``batch`` in order, their results (the loop with
-    ``apply_op``'s body inline: one call an op fewer). Raises what ``apply_op`` raises, at the
-    first op that raises it."""
+    """:func:`apply_op` for every op of ``batch`` in order, their results (one loop for the
+    batch: no call an op to ``apply_op``). Raises what ``apply_op`` raises, at the first op
+    that raises it."""
     results: list[Any] = []
     append = results.append
     table, user = _APPLY, ops.AppendUserMessage
