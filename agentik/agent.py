@@ -122,7 +122,7 @@ class LocalAgent:
 
     @property
     def task_records(self) -> TaskRecords:
-        """Durable task records under the shared counter (the A2A facade's tasks, SPEC §11)."""
+        """Durable task records under the shared counter (the A2A facade's tasks, docs/A2A.md)."""
         return TaskRecords(self._deps.storage)
 
     @property

@@ -133,7 +133,7 @@ class OnlineOutbox:
 
 
 class TaskRecords:
-    """Task records kept under the shared counter (the A2A facade's tasks, SPEC §11): each
+    """Task records kept under the shared counter (the A2A facade's tasks, docs/A2A.md): each
     change stores the whole record (an opaque JSON ``record``, its ``state``) with seq = N and a
     ``TaskUpdated`` event (``update``, outbox kind ``a2a``) at offset N, in one transaction.
     ``expect_seq`` makes a change conditional on the seq last read (None: the record must not

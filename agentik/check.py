@@ -1,4 +1,4 @@
-"""``agentik check``: validate a configuration without serving (SPEC §9).
+"""``agentik check``: validate a configuration without serving (docs/CONFIG.md).
 
 One line per item, ``ok`` or ``failed`` and why: the settings, the database (there and
 writable), the model (the openai endpoint lists its models or answers a one-token request; the

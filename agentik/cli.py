@@ -1,7 +1,7 @@
 """The ``agentik`` console script.
 
 ``agentik serve``  runs the web app (``agentik.web``) in hypercorn's trio worker, in this process,
-                   on ``AGENTIK_PORT`` (SPEC §1). SIGINT/SIGTERM shut down gracefully (exit 0); a
+                   on ``AGENTIK_PORT`` (docs/PROTOCOL.md §1). SIGINT/SIGTERM shut down gracefully (exit 0); a
                    runtime that dies while serving shuts the server down too (exit 1).
 ``agentik chat``   a terminal chat against a running server (``agentik.client.chat``):
                    ``--url`` (default AGENTIK_URL, else http://127.0.0.1:AGENTIK_PORT),

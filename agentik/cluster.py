@@ -1,4 +1,4 @@
-"""Commands for a conversation owned by another node (PostgreSQL cluster, SPEC §12) go to the
+"""Commands for a conversation owned by another node (PostgreSQL cluster, docs/SCALEOUT.md) go to the
 owner: the node that received them forwards them over HTTP to the base URL the owner advertises
 (``AGENTIK_NODE_URL``), with this cluster's first bearer token. The owner answers as if the
 client had called it, errors included (404, 409, 429, ... come back as the same AgentikError).

@@ -1,4 +1,4 @@
-"""Configuration (SPEC §9). Every variable is parsed once, in :meth:`Config.from_env`; a bad value
+"""Configuration (docs/CONFIG.md). Every variable is parsed once, in :meth:`Config.from_env`; a bad value
 raises :class:`agentik.errors.ConfigError` naming the variable, so start-up stops with a message
 that says what to fix."""
 
@@ -16,7 +16,7 @@ T = TypeVar("T")
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
-#: what a send does when the conversation is running a turn (SPEC §6 ``on_busy``)
+#: what a send does when the conversation is running a turn (docs/PROTOCOL.md ``on_busy``)
 BUSY_POLICIES = ("queue", "reject", "interrupt")
 
 
@@ -78,7 +78,7 @@ class Config:
     #: listen queue length of ``agentik serve``'s socket (hypercorn's default, 100, overflows when
     #: a few hundred clients connect at once: dropped SYNs are retried after 1 s)
     backlog: int = 1024
-    #: the A2A agent card's name and description (SPEC §11)
+    #: the A2A agent card's name and description (docs/A2A.md)
     agent_name: str = "agentik"
     agent_description: str = "An agentik agent: conversations with an LLM and its MCP tools"
     # --- running it in production (issue 14; docs/CONFIG.md) ---
@@ -91,7 +91,7 @@ class Config:
     idempotency_ttl: float = 24 * 3600.0
     #: server log lines: text (default) or json (one object a line)
     log_format: str = "text"
-    # --- scale-out on PostgreSQL (SPEC §12, docs/SCALEOUT.md) ---
+    # --- scale-out on PostgreSQL (docs/SCALEOUT.md) ---
     #: libpq URL of a PostgreSQL database; when set it replaces the SQLite file (db_path)
     database_url: str | None = None
     #: this node's id in the cluster's lease table ("" = hostname-pid)
@@ -111,7 +111,7 @@ class Config:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
-        """Read SPEC §9 variables from ``env`` (default ``os.environ``). Raises ConfigError.
+        """Read the variables of docs/CONFIG.md from ``env`` (default ``os.environ``). Raises ConfigError.
         (Over 60 lines: one line a variable, and its one parser.)"""
         env = os.environ if env is None else env
         kw: dict[str, Any] = {}

@@ -6,7 +6,7 @@ milliseconds, the other 20 random (80 bits, so ids made in the same millisecond 
 They are primary keys and unique-index keys of the stores (``message.id``, ``turn.id``,
 ``conversation.id``, ``a2a_task.id``): random keys land all over each B-tree, so every commit
 dirties a page per row per index (and writes it to the WAL); ids that grow with time land at the
-right edge, a few pages a commit. To a client they stay opaque strings (SPEC).
+right edge, a few pages a commit. To a client they stay opaque strings (docs/PROTOCOL.md §2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC §6 ``GET /metrics``), made with ``prometheus-client``.
+"""Prometheus metrics (docs/PROTOCOL.md §3 ``GET /metrics``), made with ``prometheus-client``.
 
 Every metric lives in :data:`REGISTRY`, one per process (a process runs one runtime per database;
 tests that start several read differences). The hot path only calls ``inc``/``observe``/``set`` on
@@ -74,7 +74,7 @@ BUSY_REJECTIONS = Counter(
     "agentik_busy_rejections", "Sends refused with on_busy=reject (409 busy)", registry=REGISTRY,
 )
 
-# --- a PostgreSQL cluster node (SPEC §12): stay 0 on the single-node SQLite engine ---------------
+# --- a PostgreSQL cluster node (docs/SCALEOUT.md): stay 0 on the single-node SQLite engine ---------------
 
 CLUSTER_LEASES = Gauge(
     "agentik_cluster_leases", "Conversations this node holds the lease of", registry=REGISTRY,

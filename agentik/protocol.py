@@ -1,4 +1,4 @@
-"""Request bodies, response bodies and WebSocket frames of the HTTP facade (SPEC §6).
+"""Request bodies, response bodies and WebSocket frames of the HTTP facade (docs/PROTOCOL.md).
 
 Pure msgspec, no web framework, and outside the ``agentik.web`` package (whose ``__init__``
 builds the Quart app), so the client library can import these without pulling in quart.

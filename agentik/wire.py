@@ -1,4 +1,4 @@
-"""Wire types (SPEC §3): one definition of each, shared by the runtime, storage payloads, the HTTP
+"""Wire types (docs/PROTOCOL.md §2): one definition of each, shared by the runtime, storage payloads, the HTTP
 facade and the client library.
 
 All types are frozen msgspec Structs. Members of a union carry a snake_case ``type`` tag. New fields
@@ -54,7 +54,7 @@ class Tagged(Wire, frozen=True, kw_only=True, tag_field="type", tag=_snake):
 
 
 # Content takes its fields positionally too (``Text("hello")``, ``Image(data, "image/jpeg")``),
-# as the seeds write it; the JSON is the same either way.
+# as Python code naturally writes it; the JSON is the same either way.
 
 
 class Text(Tagged, frozen=True, kw_only=False):
@@ -255,7 +255,7 @@ class CompactionTriggered(Tagged, frozen=True, kw_only=True):
 
 
 class TaskUpdated(Tagged, frozen=True, kw_only=True):
-    """A2A (SPEC §11): one change of an A2A task, stored with outbox kind ``a2a``. ``state`` is the
+    """A2A (docs/A2A.md): one change of an A2A task, stored with outbox kind ``a2a``. ``state`` is the
     task's state after the change (``TASK_STATE_*``); ``update`` is the A2A ``StreamResponse`` JSON
     that the task's subscribers get for it (``{"task": ...}``, ``{"statusUpdate": ...}`` or
     ``{"artifactUpdate": ...}``), kept as raw JSON: agentik's wire does not model A2A types."""

@@ -55,7 +55,7 @@ async def _durable_events_per_s(url: str, *, max_batch: int, writers: int,
         writers=writers, per_writer=per_writer)
 
 
-#: the reference loop of ../shared/SCALEOUT.md: a counter bump and the batch's rows in one
+#: the reference loop (the plain psycopg floor, docs/SCALEOUT.md): a counter bump and the batch's rows in one
 #: autocommit statement with its NOTIFY; {tables} makes the rows
 _PLAIN = """WITH c AS (UPDATE counter SET v = v + %(n)s WHERE id = 1 RETURNING v - %(n)s AS base),
 {tables}
@@ -172,8 +172,8 @@ async def pg_group_commit(quick: bool) -> dict[str, Any]:
     counter); events reach the node's hub through its feed before a writer is answered. Group
     commit with 256 concurrent writers (batches up to 512) and at batch 100 (200 writers,
     ``max_batch=100``; the median of 5 samples, with the lowest and highest) vs one commit per
-    event (``max_batch=1``, 64 writers), and in the same run the plain psycopg loop of
-    ../shared/SCALEOUT.md at batch 100: its event shape (journal + outbox row, ~230 bytes) and
+    event (``max_batch=1``, 64 writers), and in the same run the plain psycopg loop (the
+    floor of docs/SCALEOUT.md) at batch 100: its event shape (journal + outbox row, ~230 bytes) and
     this benchmark's rows (no planning, no actor, no feed), and agentik's own commit statements
     for batches of 100 run back to back (the database's share), and agentik's writer alone at
     batch 100 (the engine's share: planning, statement, stamping, pipelined as the writer thread

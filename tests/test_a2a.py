@@ -1,4 +1,4 @@
-"""The A2A v1.0 facade (SPEC §11) against the real server (hypercorn, trio worker) with the
+"""The A2A v1.0 facade (docs/A2A.md) against the real server (hypercorn, trio worker) with the
 scripted model: card, JSON-RPC methods and errors, streaming, cancel, failure, durable tasks
 across a restart, auth, the TCK's system under test, and a2a-sdk as an interop peer. Every body
 the facade sends is parsed by a2a-sdk's protobuf classes (unknown fields and bad enums fail) and

@@ -1,4 +1,4 @@
-"""Config.from_env: every SPEC §9 variable is read; a bad value names the variable."""
+"""Config.from_env: every variable of docs/CONFIG.md is read; a bad value names the variable."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Context management end to end over the openai backend (SPEC §5 "Context", docs/CONTEXT.md):
+"""Context management end to end over the openai backend (docs/CONTEXT.md):
 the real openai SDK against the scripted server, in its context-window mode where it refuses an
 oversized request with HTTP 400 ``context_length_exceeded`` like llama.cpp, vLLM and OpenAI."""
 

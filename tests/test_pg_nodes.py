@@ -1,5 +1,5 @@
 """Several agentik nodes as real processes (``hypercorn -k trio agentik.web:app``) on one real
-PostgreSQL schema, driven through the real client library over HTTP/SSE (SPEC §12, issue 17):
+PostgreSQL schema, driven through the real client library over HTTP/SSE (docs/SCALEOUT.md, issue 17):
 
 - senders spread messages over conversations through both nodes, a reader on each node: both
   see the identical gap-free event sequence, every acknowledged message is stored once and gets

@@ -1,4 +1,4 @@
-"""A2A task storage (SPEC §11) on both engines: PutA2ATask writes the task row and its
+"""A2A task storage (docs/A2A.md) on both engines: PutA2ATask writes the task row and its
 TaskUpdated event under one seq, refuses a stale ``expect_seq`` without using a seq, the queries
 page newest first, a conversation's tasks go with it (deleted, or a temporary one purged) and
 none is stored for a conversation that is gone, and a version-1 SQLite database migrates to the

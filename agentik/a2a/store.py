@@ -1,4 +1,4 @@
-"""Durable A2A tasks over agentik's storage (SPEC §11).
+"""Durable A2A tasks over agentik's storage (docs/A2A.md).
 
 Every change of a task is ONE storage op (:class:`agentik.storage.ops.PutA2ATask`): the task's
 whole record as of the change (seq = N) and a ``TaskUpdated`` event at offset N carrying the

@@ -1,4 +1,4 @@
-"""Pure compaction logic (SPEC §5, docs/CONTEXT.md): before a round that would not fit the
+"""Pure compaction logic (docs/CONTEXT.md): before a round that would not fit the
 model's window, the old turns of working memory are replaced by a summary. Working memory only:
 the journal keeps everything.
 
@@ -92,7 +92,7 @@ SUMMARY_PROMPT = (
 
 def compact_op(conversation_id: str, plan: Compact, summary: str | None) -> ops.Compact:
     """The op replacing the planned items; without a summary (the model could not make one) the
-    old turns are dropped without one (the seeds' v1 behaviour) rather than overflowing the
+    old turns are dropped without one (the first version's behaviour) rather than overflowing the
     window."""
     return ops.Compact(conversation_id=conversation_id, before_order_idx=plan.before_order_idx,
                        summary=SummaryItem(text=summary) if summary else None,

@@ -273,7 +273,7 @@ class ConversationActor(TurnEndings):
                 for event in apply_delta(state, delta):
                     publish(cid, event)
 
-    # --- context (SPEC §5, docs/CONTEXT.md; the decisions are agentik.context's) ----------------
+    # --- context (docs/CONTEXT.md; the decisions are agentik.context's) ----------------
 
     def _budget(self) -> ctx.Budget | None:
         llm = self.deps.llm

@@ -1,4 +1,4 @@
-"""The model's summary of old turns, for compaction (SPEC §5, docs/CONTEXT.md): the I/O half of
+"""The model's summary of old turns, for compaction (docs/CONTEXT.md): the I/O half of
 ``compaction.py``, in a model session of its own that never touches the conversation's."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The agentik client library (SPEC §10): the in-process ``Agent`` interface over HTTP + SSE, on
+"""The agentik client library (docs/CLIENT.md): the in-process ``Agent`` interface over HTTP + SSE, on
 anyio (trio or asyncio), plus reconnecting streams, local caches and the resync algorithm.
 
 ::

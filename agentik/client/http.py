@@ -57,7 +57,7 @@ __all__ = ["AgentikAgent", "HttpConversation", "HttpJournal", "HttpOnlineOutbox"
 
 
 def _api_root(base_url: str) -> str:
-    """Accept both ``http://host:8080`` and ``http://host:8080/agentik`` (the seeds' form)."""
+    """Accept both ``http://host:8080`` and ``http://host:8080/agentik`` (the prefixed form)."""
     root = base_url.rstrip("/")
     return root.removesuffix("/agentik")
 

@@ -1,4 +1,4 @@
-"""The resync algorithm (SPEC §4, docs/PROTOCOL.md §6), done once, correctly.
+"""The resync algorithm (docs/PROTOCOL.md §6), done once, correctly.
 
 :class:`JournalSync` keeps a :class:`~agentik.client.cache.JournalStore` equal to the server's
 journal of one conversation; :class:`ConversationListSync` keeps a

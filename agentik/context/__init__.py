@@ -1,4 +1,4 @@
-"""Context-window budgeting (SPEC §5 "Context"; docs/CONTEXT.md): pure decisions, no I/O.
+"""Context-window budgeting (docs/CONTEXT.md): pure decisions, no I/O.
 
 Before each model round the conversation asks :func:`decide` whether the working memory (which
 already holds this turn's user message and any tool results) plus the round's output budget fits

@@ -1,4 +1,5 @@
-"""The LLM backend protocol (SPEC §7): ``LiteLlm.open(history, tools) -> LiteConversation``.
+"""The LLM backend protocol: ``LiteLlm.open(history, tools) -> LiteConversation`` (docs/ARCHITECTURE.md,
+"LLM backends").
 
 A ``LiteConversation`` is one live model session. It owns its own copy of the history: after a
 round it has appended the assistant's answer (text and tool calls) itself, and
@@ -15,7 +16,7 @@ Contract every backend keeps:
   opens a new one from working memory.
 - ``close()`` is idempotent and never raises.
 
-Context (SPEC §5, docs/CONTEXT.md): ``context_window`` is the window the backend knows (the
+Context (docs/CONTEXT.md): ``context_window`` is the window the backend knows (the
 engine reports it on load; the openai backend learns it from a server's overflow answer; the
 configured ``AGENTIK_CONTEXT_WINDOW`` overrides). ``count_tokens`` counts working-memory items
 (with the model's tokenizer when ``exact_tokens``, else :func:`agentik.context.estimate_item`).

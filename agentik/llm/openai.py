@@ -1,4 +1,5 @@
-"""The OpenAI-compatible backend (SPEC §7): chat completions over the official ``openai`` SDK.
+"""The OpenAI-compatible backend: chat completions over the official ``openai`` SDK
+(docs/ARCHITECTURE.md, "LLM backends").
 
 This module and :mod:`agentik.llm.openai_errors` are the only ones that import ``openai``: every
 SDK and transport error is converted into the :class:`agentik.errors.LlmError` tree by one table

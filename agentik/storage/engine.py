@@ -2,7 +2,7 @@
 
 Two engines implement it: SQLite (``writer.Writer`` + ``queries.Reader``, the embedded default,
 one node) and PostgreSQL (``pg_writer.PgWriter`` + ``pg_reader.PgReader`` + ``pg_feed``, several
-nodes on one database). The contract both keep (SPEC §4, §12):
+nodes on one database). The contract both keep (docs/PROTOCOL.md §6, docs/SCALEOUT.md):
 
 - one writer per node; ``commit_batch`` applies a batch of ops in ONE transaction and bumps the
   one counter inside it, so offsets are dense and in commit order; an op refused on purpose

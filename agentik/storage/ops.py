@@ -153,7 +153,7 @@ class PurgeTemporary(Op, frozen=True, kw_only=True):
 
 
 class PutA2ATask(Op, frozen=True, kw_only=True):
-    """A2A (SPEC §11): store one change of an A2A task: its whole record (``task``, the A2A Task
+    """A2A (docs/A2A.md): store one change of an A2A task: its whole record (``task``, the A2A Task
     JSON after the change) in ``a2a_task`` with seq = N, and a ``TaskUpdated`` event (outbox kind
     ``a2a``) at offset N carrying ``update`` (the A2A StreamResponse JSON of the change).
 

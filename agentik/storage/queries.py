@@ -144,7 +144,7 @@ def has_conversation_events(conn: sqlite3.Connection, conversation_id: str, afte
     return row is not None
 
 
-# --- A2A tasks (SPEC §11) ------------------------------------------------------------------------
+# --- A2A tasks (docs/A2A.md) ------------------------------------------------------------------------
 
 
 def idempotency_key(conn: sqlite3.Connection, key: str, now: float) -> tuple[str, str] | None:

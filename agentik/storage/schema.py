@@ -9,7 +9,7 @@ Tables:
   start-up means the process died mid-turn; start-up closes it with an Error record.
 - ``outbox``: durable events by offset; trimmed from the oldest end only, so the retained offsets are
   always one contiguous range.
-- ``a2a_task`` (v2): A2A tasks (SPEC §11). ``payload`` is the A2A Task JSON; ``first_seq`` is the
+- ``a2a_task`` (v2): A2A tasks (docs/A2A.md). ``payload`` is the A2A Task JSON; ``first_seq`` is the
   offset of the task's first event, ``seq`` of its last change (both from the one counter).
 - ``a2a_task_by_conversation`` (v4): a conversation's tasks are deleted with it.
 - ``idempotency_key`` (v3): Idempotency-Keys of writes (``ops.Idempotency``), stored in the

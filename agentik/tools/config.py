@@ -1,4 +1,4 @@
-"""Parse the Claude-Desktop-format ``mcp.json`` named by ``AGENTIK_MCP_CONFIG`` (SPEC §8)::
+"""Parse the Claude-Desktop-format ``mcp.json`` named by ``AGENTIK_MCP_CONFIG`` (docs/TOOLS.md)::
 
     {"mcpServers": {
         "files": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/srv"],

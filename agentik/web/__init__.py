@@ -1,4 +1,4 @@
-"""The HTTP + SSE + WebSocket facade (SPEC §6), a Quart-Trio app.
+"""The HTTP + SSE + WebSocket facade (docs/PROTOCOL.md), a Quart-Trio app.
 
 ``app`` is what ``hypercorn -k trio agentik.web:app`` serves: it reads its configuration from the
 environment when it starts (not at import). Embedding programs and tests build their own with

@@ -1,4 +1,4 @@
-"""Bearer-token auth (SPEC §6): ``Authorization: Bearer <token>`` against ``config.tokens``;
+"""Bearer-token auth (docs/PROTOCOL.md §2): ``Authorization: Bearer <token>`` against ``config.tokens``;
 ``?access_token=`` only where browsers cannot set headers (SSE and WebSocket). With no tokens
 configured every route is open. Tokens are compared with ``hmac.compare_digest`` and never logged
 (``agentik.web.logsafe``).
@@ -64,7 +64,7 @@ QUERY_TOKEN_ENDPOINTS = frozenset({
 })
 
 #: endpoints open to everyone even with auth on (besides /healthz): /readyz, the A2A agent card
-#: (SPEC §11) and the web chat's files (they hold no secrets; the page asks for a token when the
+#: (docs/A2A.md) and the web chat's files (they hold no secrets; the page asks for a token when the
 #: API answers 401)
 PUBLIC_ENDPOINTS = frozenset({
     "agentik_http.readyz",  # readiness, like /healthz: for load balancers and orchestrators

@@ -1,4 +1,4 @@
-"""CORS (SPEC §6): only for the origins in ``AGENTIK_CORS_ORIGINS``; without the setting no
+"""CORS (docs/PROTOCOL.md §2): only for the origins in ``AGENTIK_CORS_ORIGINS``; without the setting no
 ``Access-Control-*`` header is ever sent.
 
 - A preflight (``OPTIONS`` with ``Origin`` and ``Access-Control-Request-Method``) from an allowed

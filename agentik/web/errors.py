@@ -1,4 +1,4 @@
-"""Errors as HTTP answers and JSON error bodies (SPEC §6); the status of each class is in the one
+"""Errors as HTTP answers and JSON error bodies (docs/PROTOCOL.md §2); the status of each class is in the one
 map, :data:`agentik.errors.HTTP_ERRORS`.
 
 Every error answer is ``{"error": {"code", "message"}}``; a gap adds ``oldest`` and ``current``,

@@ -1,4 +1,4 @@
-"""REST routes of SPEC §6: each maps one request onto one call of the in-process Agent API.
+"""REST routes of docs/PROTOCOL.md §3: each maps one request onto one call of the in-process Agent API.
 
 Who raises what (all mapped to JSON errors in ``agentik.web.errors``): InvalidInputError (400: bad
 JSON, a body or query parameter that fails validation), NotFoundError (404), PayloadTooLargeError
@@ -75,7 +75,7 @@ def opt_int_param(name: str) -> int | None:
 
 
 def idempotency_key() -> str | None:
-    """The request's ``Idempotency-Key`` header (SPEC §6), None without one."""
+    """The request's ``Idempotency-Key`` header (docs/PROTOCOL.md §2), None without one."""
     return request.headers.get("Idempotency-Key")
 
 

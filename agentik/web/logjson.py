@@ -1,4 +1,4 @@
-"""``AGENTIK_LOG_FORMAT=json``: one JSON object a line (SPEC §9), for agentik's lines and for
+"""``AGENTIK_LOG_FORMAT=json``: one JSON object a line (docs/CONFIG.md), for agentik's lines and for
 hypercorn's own.
 
 Every line has ``ts`` (ISO 8601, UTC), ``level``, ``logger`` and ``msg``; an exception adds

@@ -1,4 +1,4 @@
-"""The built-in web chat (SPEC §1, §6): ``GET /`` and ``GET /agentik/ui`` serve the page,
+"""The built-in web chat (docs/PROTOCOL.md §7): ``GET /`` and ``GET /agentik/ui`` serve the page,
 ``GET /agentik/ui/<name>`` its files, all from ``agentik/web/static/`` inside the package (plain
 HTML, CSS and ES modules, no build step).
 

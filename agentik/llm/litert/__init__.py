@@ -1,4 +1,4 @@
-"""The embedded LiteRT-LM backend (SPEC §7, ``AGENTIK_LLM_BACKEND=litert``).
+"""The embedded LiteRT-LM backend (docs/ARCHITECTURE.md "LLM backends", ``AGENTIK_LLM_BACKEND=litert``).
 
 Only :mod:`agentik.llm.litert.engine` imports ``litert_lm`` (the optional extra:
 ``pip install -e '.[litert]'``, package ``litert-lm-api``), and only lazily, so the core works

@@ -1,4 +1,4 @@
-"""MCP tools (SPEC §8): the servers of a Claude-Desktop ``mcp.json`` as one ToolRegistry.
+"""MCP tools (docs/TOOLS.md): the servers of a Claude-Desktop ``mcp.json`` as one ToolRegistry.
 
 ``run_mcp_registry(config)`` parses ``AGENTIK_MCP_CONFIG`` (a malformed or missing file raises
 ConfigError before anything starts), hands back an :class:`McpRegistry` at once and then
