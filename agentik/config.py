@@ -108,6 +108,19 @@ class Config:
     #: interpreter's own settings). Only the server's own process (``agentik serve``, the
     #: ``agentik.web:app`` hypercorn serves) does this, never an embedding program
     gc_threshold: int = 50_000
+    #: the users file (TOML: users, their roles, token digests and limits; docs/USERS.md)
+    users_file: str | None = None
+    #: JWT bearer tokens: the JWKS file or URL, the required issuer and audience, the claim that
+    #: holds the role (a dotted path; "admin" or a list holding it makes an admin)
+    jwt_jwks: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_role_claim: str = "role"
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Any of AGENTIK_TOKENS, AGENTIK_USERS, AGENTIK_JWT_JWKS set: requests need a token."""
+        return bool(self.tokens or self.users_file or self.jwt_jwks)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -171,6 +184,11 @@ class Config:
         get("AGENTIK_DB_TIMEOUT", "db_timeout", _positive_float)
         get("AGENTIK_NODE_URL", "node_url", _url)
         get("AGENTIK_GC_THRESHOLD", "gc_threshold", _non_negative_int)
+        get("AGENTIK_USERS", "users_file", str)
+        get("AGENTIK_JWT_JWKS", "jwt_jwks", str)
+        get("AGENTIK_JWT_ISSUER", "jwt_issuer", str)
+        get("AGENTIK_JWT_AUDIENCE", "jwt_audience", str)
+        get("AGENTIK_JWT_ROLE_CLAIM", "jwt_role_claim", _non_empty)
         return cls(**kw)
 
     def replace(self, **changes: Any) -> Config:

@@ -40,6 +40,9 @@ EVERY_VARIABLE = {
     "AGENTIK_DB_TIMEOUT": "4.5",
     "AGENTIK_CORS_ORIGINS": "https://a.example/, http://b.example:3000",
     "AGENTIK_BUSY_POLICY": "Reject", "AGENTIK_IDEMPOTENCY_TTL": "60", "AGENTIK_LOG_FORMAT": "json",
+    "AGENTIK_USERS": "/users.toml", "AGENTIK_JWT_JWKS": "https://issuer.example/jwks.json",
+    "AGENTIK_JWT_ISSUER": "https://issuer.example", "AGENTIK_JWT_AUDIENCE": "agentik",
+    "AGENTIK_JWT_ROLE_CLAIM": "realm_access.roles",
 }
 
 
@@ -81,6 +84,9 @@ def test_reads_every_variable() -> None:
     assert (cfg.database_url, cfg.node_id, cfg.lease_ttl, cfg.node_url) == (
         "postgresql://u@h/db", "n1", 2.5, "http://10.0.0.1:8080")
     assert cfg.gc_threshold == 1000
+    assert (cfg.users_file, cfg.jwt_jwks, cfg.jwt_issuer, cfg.jwt_audience, cfg.jwt_role_claim) == (
+        "/users.toml", "https://issuer.example/jwks.json", "https://issuer.example", "agentik",
+        "realm_access.roles")
     # and each one landed: no field kept its default
     defaults = Config()
     unchanged = [f.name for f in dataclasses.fields(Config)

@@ -28,7 +28,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.ids: the ids agentik makes (time-ordered), a leaf like metrics
     "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics", "agentik.api",
               "agentik.ids"),
-    "config": ("agentik.config",),
+    # agentik.users / agentik.limits: principals and per-user limits, pure like the config
+    "config": ("agentik.config", "agentik.users", "agentik.limits"),
     "context": ("agentik.context",),
     "storage": ("agentik.storage",),
     "llm": ("agentik.llm",),
