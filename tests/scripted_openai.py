@@ -22,6 +22,9 @@ a quarter of the characters, rounded up, plus 4 per message) is refused with HTT
 messages resulted in M tokens." (``context_error_text`` replaces that message, e.g. with
 llama.cpp's wording); replies then stop at the requested output limit with finish_reason
 ``length`` and report the server's own prompt count as usage. ``refused`` counts the refusals.
+With ``ignore_max_tokens`` set too it behaves like ``litert-lm serve``: it refuses only a prompt
+over the limit (the requested output is not counted) and answers as long as the step says, cut
+only where its window is full (prompt plus answer at the limit).
 """
 
 from __future__ import annotations
@@ -207,6 +210,8 @@ class ScriptedOpenAI:
         self.context_limit: int | None = None
         #: replaces the 400's message in context-window mode (``{limit}``, ``{tokens}`` filled in)
         self.context_error_text: str | None = None
+        #: context-window mode: ``max_tokens`` / ``max_completion_tokens`` ignored (see above)
+        self.ignore_max_tokens = False
         #: requests refused for exceeding ``context_limit``
         self.refused = 0
         self._queue: deque[Step] = deque()
@@ -289,7 +294,7 @@ class ScriptedOpenAI:
             self._request_arrived = trio.Event()
             if self.context_limit is not None:
                 prompt = count_tokens(body)
-                tokens = prompt + (requested_output(body) or 0)
+                tokens = prompt + (0 if self.ignore_max_tokens else requested_output(body) or 0)
                 if tokens > self.context_limit:
                     self.refused += 1
                     text = self.context_error_text or (
@@ -309,7 +314,10 @@ class ScriptedOpenAI:
             if isinstance(step, Fail):
                 return _error_body(step.status, step.message, step.type, step.code), step.status
             if self.context_limit is not None and isinstance(step, Reply):
-                step = _limited(step, count_tokens(body), requested_output(body))
+                prompt = count_tokens(body)
+                limit = (self.context_limit - prompt if self.ignore_max_tokens
+                         else requested_output(body))
+                step = _limited(step, prompt, limit)
 
             self._counter += 1
             chunk_id = f"chatcmpl-scripted-{self._counter}"

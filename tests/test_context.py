@@ -209,3 +209,61 @@ def test_learned_window_without_a_number_is_below_what_was_refused() -> None:
     assert ctx.learned_window(None, 4096, 5000) == 4096
     assert ctx.learned_window(None, None, 5000) == 4500
     assert ctx.learned_window(3000, None, 5000) == 3000
+
+
+def _rounds(items: list[tuple[int, WorkingItem]], counts: list[int], budget: ctx.Budget,
+            summary_tokens: int) -> tuple[ctx.Decision, int]:
+    """What the conversation actor's _prepare_round does, with a summariser that returns
+    ``summary_tokens`` whatever room it was given (a server ignoring max_tokens), accepted
+    whenever ``summary_fits`` lets it: the round's last decision and the attempts it took."""
+    for attempt in range(3):
+        decision = ctx.decide(items, counts, budget)
+        if ctx.last_resort(decision, attempt):
+            decision = ctx.decide(items, counts, budget, force=True, summarise=False)
+        if not isinstance(decision, ctx.Compact):
+            return decision, attempt
+        made = decision.summary_room > 0 and ctx.summary_fits(decision, summary_tokens, budget)
+        cut = next(i for i, (order_idx, _) in enumerate(items)
+                   if order_idx >= decision.before_order_idx)
+        summary = [(1, SummaryItem(text="s"))] if made else []
+        items = [items[0], *summary, *items[cut:]]
+        counts = [counts[0], *([summary_tokens] if made else []), *counts[cut:]]
+    raise AssertionError("no room after three compactions")
+
+
+@pytest.mark.parametrize("summary_tokens", [1, 100, 250, 400, 600, 800])
+@pytest.mark.parametrize("turn_tokens", [30, 60, 120, 200])
+def test_a_round_always_fits_when_the_current_turn_alone_does(
+    summary_tokens: int, turn_tokens: int
+) -> None:
+    """Whatever the summary's size, the second compaction of a round drops every old item
+    without one: the round fits (the probe's server answered summaries three times their room
+    and three compactions made no room)."""
+    items = memory(SystemItem(text="s"), *[
+        item for i in range(12) for item in (user(str(i)), answer(str(i)))], user("now"))
+    counts = [20, *[turn_tokens] * 24, 100]
+    decision, attempts = _rounds(items, counts, BUDGET, summary_tokens)
+    assert isinstance(decision, ctx.Fits) and decision.max_output is not None
+    assert decision.max_output >= BUDGET.min_output
+    assert attempts <= 2
+
+
+def test_the_last_resort_drops_every_old_item_without_a_summary() -> None:
+    items = memory(SystemItem(text="s"), SummaryItem(text="big"), user("1"), answer("1"),
+                   user("now"))
+    plan = ctx.decide(items, [20, 700, 50, 50, 100], BUDGET, force=True, summarise=False)
+    assert isinstance(plan, ctx.Compact)
+    assert plan.summary_room == 0 and len(plan.dropped) == 3
+    assert plan.before_order_idx == items[4][0] and plan.kept_tokens == 120
+    assert not ctx.last_resort(plan, 0) and ctx.last_resort(plan, 1)
+    assert not ctx.last_resort(ctx.Fits(max_output=10), 1)
+
+
+def test_a_summary_over_its_room_is_cut_to_its_beginning() -> None:
+    text = " ".join(f"fact{i}" for i in range(400))
+    tokens = ctx.estimate_tokens(text)
+    cut = ctx.cut_summary(text, tokens, 100)
+    assert cut.startswith("fact0 fact1 ") and cut.endswith(" [...]")
+    assert ctx.estimate_tokens(cut) <= 100
+    assert ctx.cut_summary(text, tokens, tokens) == text
+    assert ctx.cut_summary(text, tokens, 0) == ""

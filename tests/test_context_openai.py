@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+import trio
+
 from agentik import Config, open_runtime
 from agentik.actors.compaction import SUMMARY_PROMPT
 from agentik.context import estimate_tokens
@@ -214,3 +217,45 @@ async def test_a_conversation_left_too_big_recovers_after_a_restart(
         assert scripted.refused == 0
         assert scripted.requests[-1]["messages"][-1] == {
             "role": "user", "content": "are you still there?"}
+
+
+def question(i: int) -> str:
+    """About 420 characters, as the probe's turns were."""
+    return sentence(i, 52)[:400] + f" (question {i})"
+
+
+def long_winded(body: dict[str, Any]) -> Reply:
+    """A model behind a server that ignores ``max_tokens`` (``litert-lm serve``): it answers by
+    repeating the last message, so a turn's answer is as long as its question and a "summary" as
+    long as its whole transcript; the server cuts either only where its window is full."""
+    return Reply(str(body["messages"][-1]["content"]))
+
+
+@pytest.mark.parametrize("configured", [True, False], ids=["window_set", "window_learned"])
+async def test_25_turns_against_a_server_that_ignores_max_tokens(
+    config: Config, scripted: ScriptedOpenAI, configured: bool
+) -> None:
+    """Every answer and summary as long as the model likes, whatever the budget asked: every
+    turn is answered all the same (the probe saw 8 of 25 fail)."""
+    scripted.context_limit = 2048
+    scripted.ignore_max_tokens = True
+    scripted.callable_default = long_winded
+    llm = OpenAiLlm.from_config(config.replace(context_window=2048 if configured else 0))
+    async with open_runtime(config, llm=llm) as agent:
+        conv = await agent.create_conversation()
+        made: list[str] = []
+        with trio.fail_after(60):
+            for i in range(25):
+                events = await run_turn(agent, conv, question(i))
+                errors = [e for e in events if e.type == "error"]
+                assert not errors, (i, errors[0].event)
+                made += [e.event.summary for e in events  # type: ignore[union-attr]
+                         if e.type == "compaction_triggered" and e.event.summary]  # type: ignore[union-attr]
+        # a summary longer than its budget (an eighth of the window) is cut to it
+        assert made and all(estimate_tokens(text) + 8 <= 2048 // 8 for text in made)
+        records = await agent.journal.list(conversation_id=conv.id, limit=1000)
+        assert [type(r.message).__name__ for r in records].count("AssistantMessage") == 25
+        summaries = [b for b in scripted.requests if is_summary_request(b)]
+        assert summaries, "no compaction happened"
+        assert llm.context_window == 2048
+    await llm.aclose()

@@ -305,6 +305,8 @@ class ConversationActor(TurnEndings):
             plain = [item for _, item in items]
             counts = await deps.llm.count_tokens(plain) if budget else [0] * len(plain)
             decision = ctx.decide(items, counts, budget, force=force and attempt == 0)
+            if ctx.last_resort(decision, attempt):
+                decision = ctx.decide(items, counts, budget, force=True, summarise=False)
             if isinstance(decision, ctx.TooBig):
                 if reported and decision.tokens < reported:  # the backend counted more
                     extra = reported - decision.tokens

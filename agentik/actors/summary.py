@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 async def make_summary(
     llm: LiteLlm, conversation_id: str, plan: ctx.Compact, budget: ctx.Budget
 ) -> str | None:
-    """A summary of the plan's old turns of at most ``plan.summary_room`` tokens, or None when
-    there is no room for one, the model fails to make it, or it does not fit (the old turns are
-    then dropped without one)."""
+    """A summary of the plan's old turns of at most ``plan.summary_room`` tokens (a longer one
+    is cut to it), or None when there is no room for one, the model fails to make it, or it does
+    not fit (the old turns are then dropped without one)."""
     if plan.summary_room <= 0:
         return None
     try:
@@ -32,7 +32,16 @@ async def make_summary(
     if not text:
         return None
     tokens = (await llm.count_tokens([SummaryItem(text=text)]))[0]
-    if not ctx.summary_fits(plan, tokens, budget):
+    for _ in range(3):
+        if tokens <= plan.summary_room or not text:
+            break
+        # The server ignored the summary's output budget (litert-lm serve does): a summary over
+        # its room would take the kept turns' room and the next round would not fit either.
+        log.info("the summary of %s is %d tokens, over its %d: cut", conversation_id, tokens,
+                 plan.summary_room)
+        text = ctx.cut_summary(text, tokens, plan.summary_room)
+        tokens = (await llm.count_tokens([SummaryItem(text=text)]))[0] if text else 0
+    if not text or tokens > plan.summary_room or not ctx.summary_fits(plan, tokens, budget):
         log.warning("the summary of %s (%d tokens) does not fit; dropping old turns",
                     conversation_id, tokens)
         return None

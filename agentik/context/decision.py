@@ -56,6 +56,7 @@ def decide(
     budget: Budget | None,
     *,
     force: bool = False,
+    summarise: bool = True,
 ) -> Decision:
     """Whether the next round fits; see the module docstring.
 
@@ -63,6 +64,8 @@ def decide(
     (its user message and what the turn added since); ``counts`` the tokens of each item.
     ``budget`` None means the window is unknown: everything fits. ``force`` (the backend
     reported an overflow although the counts said it fits) compacts whatever can be dropped.
+    ``summarise`` False plans no summary (the last resort: ``force=True, summarise=False``
+    drops every old item, so what is left is the current turn, which either fits or is TooBig).
     """
     if len(items) != len(counts):
         raise ValueError("one count per item")
@@ -88,7 +91,7 @@ def decide(
         room = budget.window - budget.margin - protected - budget.min_output
         if room < 0:
             return _too_big(items, counts, budget, first, start, protected)
-    summary_room = min(budget.summary, room)
+    summary_room = min(budget.summary, room) if summarise else 0
     keep_limit = int((room - summary_room) * KEEP_SHARE)
     # Forced (our count said it fits, the backend said no): drop every old turn.
     keep_from, kept = (start, 0) if force else _kept_turns(items, counts, first, start, keep_limit)
@@ -162,6 +165,15 @@ def too_big_message(decision: TooBig, *, exact: bool) -> str:
 # --- after the summary ---------------------------------------------------------------------------
 
 
+def last_resort(decision: Decision, attempt: int) -> bool:
+    """Whether a round's ``attempt``-th decision must be replaced by the last resort (every old
+    item dropped, no summary): a compaction already ran for this round and the round still does
+    not fit (a summary longer than asked, counts that moved). Dropping is deterministic, so the
+    attempt after it ends in Fits or TooBig: compaction always makes room when the current turn
+    alone fits."""
+    return attempt > 0 and isinstance(decision, Compact)
+
+
 def summary_fits(plan: Compact, summary_tokens: int, budget: Budget) -> bool:
     """Whether the made summary fits next to what the plan keeps (else drop without it)."""
     return plan.kept_tokens + summary_tokens + budget.min_output <= budget.window - budget.margin
@@ -171,6 +183,20 @@ def transcript_room(budget: Budget, prompt_tokens: int, summary_room: int) -> in
     """Tokens the summariser's transcript may take: the window minus its prompt, the summary's
     room and the margin."""
     return max(0, budget.window - budget.margin - prompt_tokens - summary_room)
+
+
+def cut_summary(text: str, tokens: int, room: int) -> str:
+    """A summary of ``tokens`` tokens cut to ``room`` (a server may ignore the summary's output
+    budget, as ``litert-lm serve`` does): its beginning kept, by character share with a tenth to
+    spare, at a word boundary; "" when there is no room."""
+    if tokens <= room or not text:
+        return text
+    if room <= 0:
+        return ""
+    keep_chars = math.floor(len(text) * room / tokens * 0.9)
+    head = text[:keep_chars]
+    cut = head.rfind(" ")
+    return (head[:cut] if cut > keep_chars // 2 else head).rstrip() + " [...]" if head else ""
 
 
 def cut_transcript(text: str, tokens: int, room: int) -> str:
