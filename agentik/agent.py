@@ -5,7 +5,8 @@ exactly these calls.
 Who raises what: NotFoundError (unknown conversation), MailboxFullError (send to a full mailbox),
 ConversationFailedError (a conversation past its crash limit), OutboxGapError (dead cursor, from
 the ``events`` iterators at their first step), StorageError (SQLite failed; nothing stored),
-RuntimeClosedError (the runtime is shutting down), InvalidInputError (bad arguments).
+RuntimeClosedError (the runtime is shutting down), InvalidInputError (bad arguments, content
+that breaks :mod:`agentik.content`'s rules), PayloadTooLargeError (an image over the limit).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from agentik.agent_handles import (
 from agentik.api import ConversationView, as_content
 from agentik.cluster import Peers
 from agentik.config import BUSY_POLICIES
+from agentik.content import check_content
 from agentik.errors import InvalidInputError, NotFoundError, NotOwnerError, RuntimeClosedError
 from agentik.storage import ops
 from agentik.storage import queries as q
@@ -213,6 +215,7 @@ class LocalAgent:
         if on_busy is not None and on_busy not in BUSY_POLICIES:
             raise InvalidInputError(f"on_busy must be one of {', '.join(BUSY_POLICIES)}, "
                                     f"got {on_busy!r}")
+        check_content(content, self.config.image_rules)  # every front door's content, once
         idem = self._idempotency(idempotency_key, f"send:{conversation_id}", [content, context])
         try:
             return await self._registry.submit(

@@ -10,6 +10,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from agentik.content import DEFAULT_IMAGE_TYPES, DEFAULT_MAX_IMAGE_BYTES, SIGNATURES, ImageRules
 from agentik.errors import ConfigError
 
 T = TypeVar("T")
@@ -72,6 +73,10 @@ class Config:
     restart_period: float = 60.0
     #: largest accepted HTTP/WebSocket body in bytes
     max_body_bytes: int = 4 * 1024 * 1024
+    #: image types a message may hold (agentik checks their bytes: agentik/content.py)
+    image_types: tuple[str, ...] = DEFAULT_IMAGE_TYPES
+    #: largest accepted image in a message, in bytes (decoded)
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     #: seconds an idle keep-alive HTTP connection is kept open (``agentik serve``; hypercorn's
     #: ``keep_alive_timeout``)
     keep_alive_timeout: float = 5.0
@@ -170,6 +175,8 @@ class Config:
         get("AGENTIK_RESTART_LIMIT", "restart_limit", _positive_int)
         get("AGENTIK_RESTART_PERIOD", "restart_period", _positive_float)
         get("AGENTIK_MAX_BODY_BYTES", "max_body_bytes", _positive_int)
+        get("AGENTIK_IMAGE_TYPES", "image_types", _image_types)
+        get("AGENTIK_MAX_IMAGE_BYTES", "max_image_bytes", _positive_int)
         get("AGENTIK_KEEP_ALIVE_TIMEOUT", "keep_alive_timeout", _positive_float)
         get("AGENTIK_BACKLOG", "backlog", _positive_int)
         get("AGENTIK_AGENT_NAME", "agent_name", _non_empty)
@@ -193,6 +200,10 @@ class Config:
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def image_rules(self) -> ImageRules:
+        return ImageRules(types=self.image_types, max_bytes=self.max_image_bytes)
 
     @property
     def database(self) -> str:
@@ -264,6 +275,17 @@ def _origins(raw: str) -> tuple[str, ...]:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise ValueError(f"origin {origin!r} must be * or start with http:// or https://")
     return origins
+
+
+def _image_types(raw: str) -> tuple[str, ...]:
+    types = tuple(dict.fromkeys(t.strip().lower() for t in raw.split(",") if t.strip()))
+    if not types:
+        raise ValueError("no image type in the list")
+    for kind in types:
+        if kind not in SIGNATURES:
+            raise ValueError(f"{kind!r} is not an image type agentik can check "
+                             f"(one of {', '.join(SIGNATURES)})")
+    return types
 
 
 def _tokens(raw: str) -> tuple[str, ...]:

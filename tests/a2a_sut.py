@@ -34,7 +34,7 @@ if __package__ in (None, ""):
 from agentik.a2a.executor import RequestContext, TaskUpdater
 from agentik.a2a.service import A2AService
 from agentik.a2a.store import TaskStore
-from agentik.a2a.types import AgentSkill, Part
+from agentik.a2a.types import AgentSkill, Message, Part
 from agentik.a2a.web import A2AMount, CardInfo, mount
 from agentik.agent import TaskRecords
 from agentik.storage.actor import Storage, run_storage
@@ -112,6 +112,9 @@ def scenario_for(message_id: str) -> Step:
 
 class ScriptedExecutor:
     """The TCK's agent: behaviour chosen by the message's id, no conversation behind it."""
+
+    def check(self, message: Message) -> None:
+        pass  # every message is welcome: the scenario decides
 
     async def conversation(self, context_id: str, previous: str | None) -> str | None:
         return None

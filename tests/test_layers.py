@@ -26,8 +26,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.metrics: a leaf (prometheus-client only) every layer may update
     # agentik.api: what the in-process agent and the client share (content, conversation handle)
     # agentik.ids: the ids agentik makes (time-ordered), a leaf like metrics
+    # agentik.content: what a message's content may hold (the image rules), pure
     "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics", "agentik.api",
-              "agentik.ids"),
+              "agentik.ids", "agentik.content"),
     # agentik.users / agentik.limits: principals and per-user limits, pure like the config
     "config": ("agentik.config", "agentik.users", "agentik.limits"),
     "context": ("agentik.context",),

@@ -19,7 +19,8 @@ reply); returning without one fails the task, raising an A2AError before the tas
 the request with that error. ``cancel(request, updater)`` asks a running execution to stop and
 returns whether ``execute`` will end by itself (else the facade cancels it at once); the task
 ends CANCELED unless the executor reported another terminal state first.
-``conversation(context_id, previous)`` names the conversation a context runs in (``previous``:
+``check(message)`` refuses a message the agent would refuse (raising an A2AError) before its
+task is stored; ``conversation(context_id, previous)`` names the conversation a context runs in (``previous``:
 the one its latest task used, None for a new context); None when the executor has none.
 """
 
@@ -78,6 +79,11 @@ class TaskUpdater(Protocol):
 
 
 class Executor(Protocol):
+    def check(self, message: Message) -> None:
+        """Raise an A2AError (invalid params) for a message the agent refuses (e.g. an image it
+        does not take), before any task of it is stored."""
+        ...
+
     async def conversation(self, context_id: str, previous: str | None) -> str | None: ...
 
     async def execute(self, request: RequestContext, updater: TaskUpdater) -> None: ...

@@ -15,6 +15,7 @@
   (what the stream had not carried yet) and COMPLETED with the answer as the status message;
   ``Error`` -> FAILED with its message; ``Interrupted`` -> CANCELED (the partial answer stays in
   the conversation and in the artifact).
+- ``check`` refuses an image part under the rules of every send (:mod:`agentik.content`).
 - ``cancel`` interrupts the conversation only while this task's own turn runs; a task whose
   message still waits in the mailbox is cancelled by the facade (its turn will still run).
 """
@@ -34,9 +35,16 @@ from agentik.a2a import errors as e
 from agentik.a2a.executor import RequestContext, TaskUpdater
 from agentik.a2a.service import A2AService
 from agentik.a2a.store import TaskStore
-from agentik.a2a.types import Part
+from agentik.a2a.types import Message, Part
 from agentik.a2a.web import A2AMount, CardInfo, mount, skills_of
-from agentik.errors import AgentikError, BusyError, MailboxFullError, NotFoundError
+from agentik.content import check_image
+from agentik.errors import (
+    AgentikError,
+    BusyError,
+    InvalidInputError,
+    MailboxFullError,
+    NotFoundError,
+)
 from agentik.wire import (
     AppendText,
     AssistantMessageEvent,
@@ -121,6 +129,17 @@ class AgentikExecutor:
         self.agent = agent
         self._turns: dict[str, _Turn] = {}
 
+    def check(self, message: Message) -> None:
+        """The images of ``message`` under the rules of every send (agentik.content), so a
+        refused one is answered -32602 before its task is stored."""
+        rules = self.agent.config.image_rules
+        for i, item in enumerate(to_content(message.parts)):
+            if isinstance(item, Image):
+                try:
+                    check_image(item, rules, f"message.parts[{i}]")
+                except InvalidInputError as exc:
+                    raise e.invalid_params(str(exc)) from None
+
     async def conversation(self, context_id: str, previous: str | None) -> str | None:
         if previous is not None and await self.agent.get_conversation(previous) is not None:
             return previous
@@ -157,6 +176,8 @@ class AgentikExecutor:
                     turn.turn_id = await conversation.send(to_content(request.message.parts), context)
                 except (MailboxFullError, BusyError) as exc:
                     raise e.error(e.INTERNAL_ERROR, f"the conversation is busy: {exc}") from None
+                except InvalidInputError as exc:  # check() said the same before the task
+                    raise e.invalid_params(str(exc)) from None
                 except NotFoundError:  # deleted since the lookup
                     raise e.conversation_gone(request.context_id) from None
                 turn.known.set()

@@ -137,6 +137,7 @@ class A2AService:
         """Validate a message and start its execution. Raises A2AError."""
         message = params.message
         self._check_message(message)
+        self.executor.check(message)
         config = params.configuration
         if config is not None and config.task_push_notification_config is not msgspec.UNSET:
             raise e.error(e.PUSH_NOT_SUPPORTED, "push notifications are not supported")
