@@ -31,6 +31,7 @@ EVERY_VARIABLE = {
     "AGENTIK_MAX_TOOL_ROUNDS": "4", "AGENTIK_SQLITE_SYNCHRONOUS": "normal",
     "AGENTIK_MAX_BATCH": "64", "AGENTIK_SUBSCRIBER_BUFFER": "128", "AGENTIK_RESTART_LIMIT": "9",
     "AGENTIK_RESTART_PERIOD": "30", "AGENTIK_MAX_BODY_BYTES": "2048",
+    "AGENTIK_IMAGE_TYPES": "image/PNG, image/gif", "AGENTIK_MAX_IMAGE_BYTES": "4096",
     "AGENTIK_MAX_OUTPUT_TOKENS": "512", "AGENTIK_SUMMARY_MAX_TOKENS": "128",
     "AGENTIK_KEEP_ALIVE_TIMEOUT": "12.5", "AGENTIK_BACKLOG": "2048",
     "AGENTIK_AGENT_NAME": "helper",
@@ -78,6 +79,7 @@ def test_reads_every_variable() -> None:
     assert (cfg.restart_limit, cfg.restart_period, cfg.max_body_bytes) == (9, 30.0, 2048)
     assert (cfg.max_output_tokens, cfg.summary_max_tokens) == (512, 128)
     assert cfg.keep_alive_timeout == 12.5 and cfg.backlog == 2048
+    assert (cfg.image_types, cfg.max_image_bytes) == (("image/png", "image/gif"), 4096)
     assert (cfg.agent_name, cfg.agent_description) == ("helper", "answers questions")
     assert cfg.cors_origins == ("https://a.example", "http://b.example:3000")
     assert (cfg.busy_policy, cfg.idempotency_ttl, cfg.log_format) == ("reject", 60.0, "json")
