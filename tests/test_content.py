@@ -26,6 +26,7 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     WsClient,
     make_config,
     no_error_logs,
+    open_sse,
     openai,
     serve_app,
 )
@@ -121,12 +122,12 @@ async def test_http_send_refuses_bad_images_and_stores_nothing(
             assert "AGENTIK_MAX_IMAGE_BYTES" in response.json()["error"]["message"]
             await assert_nothing_stored(http, cid, openai)
             # A good image still goes through, to the model.
-            response = await http.post(url, json={"content": [
-                {"type": "image", "data": b64(PNG), "mime": "image/png"}]})
-            assert response.status_code == 202, response.text
-            with trio.fail_after(10):
-                while not openai.requests:
-                    await trio.sleep(0.01)
+            async with open_sse(http, f"/agentik/conversations/{cid}/events") as stream:
+                response = await http.post(url, json={"content": [
+                    {"type": "image", "data": b64(PNG), "mime": "image/png"}]})
+                assert response.status_code == 202, response.text
+                with trio.fail_after(10):
+                    await stream.until("touched")
             assert b64(PNG) in str(openai.requests[0]["messages"])
 
 
