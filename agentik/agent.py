@@ -34,9 +34,8 @@ from agentik.config import BUSY_POLICIES
 from agentik.content import check_content
 from agentik.errors import InvalidInputError, NotFoundError, NotOwnerError, RuntimeClosedError
 from agentik.storage import ops
-from agentik.storage import queries as q
 from agentik.storage.hub import OnlineSubscription
-from agentik.storage.writer import StoredEvent
+from agentik.storage.types import StoredEvent
 from agentik.wire import (
     ChatSnapshot,
     Content,
@@ -72,11 +71,11 @@ class LocalConversation(ConversationView["LocalAgent"]):
         self, after_seq: int = 0, offset: int = 0, limit: int = 100
     ) -> list[MessageRecord]:
         reader = self._agent._deps.storage.reader
-        page: list[MessageRecord] = await reader.run(
-            q.get_messages, self.id, check_non_negative("after_seq", after_seq),
+        page = await reader.get_messages(
+            self.id, check_non_negative("after_seq", after_seq),
             check_non_negative("offset", offset), check_limit(limit),
         )
-        if not page and await reader.run(q.get_conversation, self.id) is None:
+        if not page and await reader.get_conversation(self.id) is None:
             raise NotFoundError(f"conversation {self.id!r} not found")
         return page
 
@@ -163,7 +162,7 @@ class LocalAgent:
 
     async def get_conversation(self, conversation_id: str) -> LocalConversation | None:
         self._check_open()
-        record = await self._deps.storage.reader.run(q.get_conversation, conversation_id)
+        record = await self._deps.storage.reader.get_conversation(conversation_id)
         return None if record is None else LocalConversation(self, record)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
@@ -241,22 +240,21 @@ class LocalAgent:
     async def conversations_snapshot(self, offset: int = 0, limit: int = 100) -> ConversationsSnapshot:
         """The conversation list at a cursor: every change <= cursor is in it."""
         cursor = self._deps.storage.hub.current_cursor()  # cursor FIRST, then state
-        conversations = await self._deps.storage.reader.run(
-            q.list_conversations, check_non_negative("offset", offset), check_limit(limit)
+        conversations = await self._deps.storage.reader.list_conversations(
+            check_non_negative("offset", offset), check_limit(limit)
         )
         return ConversationsSnapshot(cursor=cursor, conversations=conversations)
 
     async def chat_snapshot(self, conversation_id: str) -> ChatSnapshot:
         """One conversation and its messages at a cursor. Raises NotFoundError."""
         cursor = self._deps.storage.hub.current_cursor()  # cursor FIRST, then state
-        record = await self._deps.storage.reader.run(q.get_conversation, conversation_id)
+        record = await self._deps.storage.reader.get_conversation(conversation_id)
         if record is None:
             raise NotFoundError(f"conversation {conversation_id!r} not found")
         messages: list[MessageRecord] = []
         after = 0
         while True:
-            page = await self._deps.storage.reader.run(
-                q.get_messages, conversation_id, after, 0, MAX_PAGE
+            page = await self._deps.storage.reader.get_messages(conversation_id, after, 0, MAX_PAGE
             )
             messages.extend(page)
             if len(page) < MAX_PAGE:

@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING
 
 from agentik.errors import InvalidInputError
 from agentik.storage import ops
-from agentik.storage import queries as q
 from agentik.storage.hub import OnlineSubscription
-from agentik.storage.writer import StoredEvent
+from agentik.storage.types import A2ATaskRow, StoredEvent
 from agentik.wire import CommonEvent, Cursor, MessageRecord, TaskUpdated
 
 if TYPE_CHECKING:
@@ -47,14 +46,14 @@ class Journal:
         up_to_seq: int | None = None,
         limit: int = 100,
     ) -> list[MessageRecord]:
-        return await self._deps.storage.reader.run(
-            q.journal, conversation_id, check_non_negative("after_seq", after_seq), up_to_seq,
+        return await self._deps.storage.reader.journal(
+            conversation_id, check_non_negative("after_seq", after_seq), up_to_seq,
             check_limit(limit),
         )
 
     async def count(self, conversation_id: str | None = None, after_seq: int = 0) -> int:
-        return await self._deps.storage.reader.run(
-            q.journal_count, conversation_id, check_non_negative("after_seq", after_seq)
+        return await self._deps.storage.reader.journal_count(
+            conversation_id, check_non_negative("after_seq", after_seq)
         )
 
 
@@ -153,23 +152,23 @@ class TaskRecords:
         ))
         return seq
 
-    async def get(self, task_id: str) -> q.A2ATaskRow | None:
-        return await self._storage.reader.run(q.get_a2a_task, task_id)
+    async def get(self, task_id: str) -> A2ATaskRow | None:
+        return await self._storage.reader.get_a2a_task(task_id)
 
-    async def latest_of_context(self, context_id: str) -> q.A2ATaskRow | None:
+    async def latest_of_context(self, context_id: str) -> A2ATaskRow | None:
         """The context's most recently created record, None for an unused context."""
-        return await self._storage.reader.run(q.latest_a2a_task_of_context, context_id)
+        return await self._storage.reader.latest_a2a_task_of_context(context_id)
 
     async def page(
         self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int
-    ) -> tuple[list[q.A2ATaskRow], int]:
+    ) -> tuple[list[A2ATaskRow], int]:
         """Newest first by creation (before ``before_first_seq`` if given), and the total."""
-        return await self._storage.reader.run(
-            q.list_a2a_tasks, context_id, state, before_first_seq, check_limit(limit)
+        return await self._storage.reader.list_a2a_tasks(
+            context_id, state, before_first_seq, check_limit(limit)
         )
 
-    async def in_states(self, states: tuple[str, ...]) -> list[q.A2ATaskRow]:
-        return await self._storage.reader.run(q.a2a_tasks_in_states, states)
+    async def in_states(self, states: tuple[str, ...]) -> list[A2ATaskRow]:
+        return await self._storage.reader.a2a_tasks_in_states(states)
 
     async def updates(
         self, after_seq: int, conversation_id: str | None = None

@@ -82,7 +82,7 @@ def _plain_events_per_s(url: str, *, same_rows: bool, batch: int, batches: int) 
     """Plain psycopg, one connection, ``batches`` statements of ``batch`` events."""
     import psycopg
 
-    from agentik.storage.pg_schema import migrate
+    from agentik.storage.pg.schema import migrate
 
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)  # the counter row (and agentik's tables, for same_rows)
@@ -105,11 +105,11 @@ def _statements_only_events_per_s(url: str, *, batch: int, batches: int) -> floa
     by ``PgWriter``'s planner beforehand, outside the timing), run back to back on the writer's
     connection: what the database alone costs for this benchmark's events, with no planning,
     actor or feed around it (and the same prepared-statement path)."""
-    from agentik.storage.pg_fence import ownership
-    from agentik.storage.pg_plan import Plan
-    from agentik.storage.pg_plan_ops import plan_op
-    from agentik.storage.pg_statement import commit_statement
-    from agentik.storage.pg_writer import PgWriter
+    from agentik.storage.pg.fence import ownership
+    from agentik.storage.pg.plan import Plan
+    from agentik.storage.pg.plan_ops import plan_op
+    from agentik.storage.pg.statement import commit_statement
+    from agentik.storage.pg.writer import PgWriter
 
     writer = PgWriter(url, outbox_cap=100_000, outbox_ttl=7 * 24 * 3600.0)
     try:
@@ -142,7 +142,7 @@ def _writer_only_events_per_s(url: str, *, batch: int, batches: int) -> float:
     to back through its steps as the writer thread drives it (batch k+1 planned while k runs,
     sent when k's answer is in, k stamped after), in one thread with no trio actor, no writer
     tasks and no feed: the engine's own rate (planning, statement, stamping)."""
-    from agentik.storage.pg_writer import PgWriter
+    from agentik.storage.pg.writer import PgWriter
 
     writer = PgWriter(url, outbox_cap=100_000, outbox_ttl=7 * 24 * 3600.0)
     try:

@@ -84,8 +84,8 @@ def _plain_events_per_s(path: str, batch: int, events: int) -> float:
     """Plain sqlite3 with agentik's pragmas (WAL, synchronous=FULL) and schema: the rows of
     ``events`` user messages (payloads of the sizes agentik stores for this benchmark's
     200-character message) in commits of ``batch``, no actor, no planning."""
-    from agentik.storage.schema import migrate
-    from agentik.storage.writer import open_connection
+    from agentik.storage.sqlite.schema import migrate
+    from agentik.storage.sqlite.writer import open_connection
 
     conn = open_connection(path, synchronous="FULL")
     try:

@@ -20,7 +20,7 @@ import openai
 import trio
 
 from agentik.storage import ops
-from agentik.storage.writer import Writer
+from agentik.storage.sqlite.writer import Writer
 from agentik.wire import Text, UserMessage
 from benchmarks.serverproc import ServerProcess, rss_kib, spawn_server
 from tests.scripted_openai import Reply, ScriptedOpenAI, Step, open_scripted_openai

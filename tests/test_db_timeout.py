@@ -19,7 +19,6 @@ import trio
 
 from agentik.errors import StorageUnavailableError
 from agentik.storage import ops
-from agentik.storage import queries as q
 from agentik.storage.actor import Storage
 from tests.test_pg_cluster import create, node, send
 
@@ -54,7 +53,7 @@ async def test_pg_a_lock_held_by_another_session_fails_the_write_after_the_timeo
         finally:
             blocker.close()
         # the refused write stored nothing; the later one is there
-        assert await a.reader.run(q.journal_count, "c1", 0) == 1
+        assert await a.reader.journal_count("c1", 0) == 1
 
 
 @pytest.mark.parametrize("waiting", ["prepare", "commit", "read"])
@@ -90,7 +89,7 @@ async def test_pg_a_server_that_stops_answering_fails_the_write_and_is_dropped(
             if not resumed:
                 os.kill(backend, signal.SIGCONT)
         assert a.feed.writer.backend_pid != backend  # type: ignore[union-attr]
-        count = await a.reader.run(q.journal_count, "c1", 0)
+        count = await a.reader.journal_count("c1", 0)
         if prepared:  # the stopped statement may commit once resumed: stored once at most
             assert count - 2 in (0, 1)
         else:
@@ -113,5 +112,5 @@ async def test_sqlite_another_process_holding_the_file_lock_fails_the_write(
             await _refused_then_back(st, "c1", other.rollback, within=0.5, match="locked")
         finally:
             other.close()
-        assert await st.reader.run(q.journal_count, "c1", 0) == 1
+        assert await st.reader.journal_count("c1", 0) == 1
         nursery.cancel_scope.cancel()

@@ -205,7 +205,7 @@ def test_a_result_not_stored_makes_its_call_pending_again() -> None:
 def _sqlite_writer(db_dir: Path) -> Any:
     """The running server's SQLite Writer (the test reaches it through ``gc``, as agentik has
     no hook for this): the one whose open connection is on a file in ``db_dir``."""
-    from agentik.storage.writer import Writer
+    from agentik.storage.sqlite.writer import Writer
 
     found = []
     for o in gc.get_objects():
@@ -221,7 +221,7 @@ def _sqlite_writer(db_dir: Path) -> Any:
 
 
 def _pg_writer() -> Any:
-    from agentik.storage.pg_writer import PgWriter
+    from agentik.storage.pg.writer import PgWriter
 
     (writer,) = [o for o in gc.get_objects() if isinstance(o, PgWriter) and not o.conn.closed]
     return writer

@@ -15,7 +15,7 @@ import trio.testing
 from agentik.storage import hub as hub_module
 from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
-from agentik.storage.writer import StoredEvent
+from agentik.storage.types import StoredEvent
 from agentik.wire import ConversationClosing, Deleted, Text, UserMessage, Working
 
 TIMEOUT = 10

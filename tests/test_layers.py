@@ -32,7 +32,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.users / agentik.limits: principals and per-user limits, pure like the config
     "config": ("agentik.config", "agentik.users", "agentik.limits"),
     "context": ("agentik.context",),
+    # agentik.storage: the shared core (ops, types, reads, hub, committer, health); its engines
+    # below it, each with its own SQL; storage.actor opens one of them (the only module that
+    # names both)
     "storage": ("agentik.storage",),
+    "sqlite": ("agentik.storage.sqlite",),
+    "pg": ("agentik.storage.pg",),
+    "storage_actor": ("agentik.storage.actor",),
     "llm": ("agentik.llm",),
     "tools": ("agentik.tools",),
     "actors": ("agentik.actors",),
@@ -53,16 +59,21 @@ MAY_IMPORT: dict[str, set[str]] = {
     "config": {"types"},
     "context": {"types"},
     "storage": {"types", "config"},
+    "sqlite": {"types", "config", "storage"},
+    "pg": {"types", "config", "storage"},
+    "storage_actor": {"types", "config", "storage", "sqlite", "pg"},
     "llm": {"types", "config", "context"},
     "tools": {"types", "config", "llm"},
-    "actors": {"types", "config", "context", "storage", "llm", "tools"},
+    "actors": {"types", "config", "context", "storage", "storage_actor", "llm", "tools"},
     # (a cluster node forwards a command to the conversation's owner with the client)
-    "facade": {"types", "config", "context", "storage", "llm", "tools", "actors", "client"},
+    "facade": {"types", "config", "context", "storage", "storage_actor", "llm", "tools", "actors",
+               "client"},
     # the web goes through the Agent API: no storage, no actors
     "front": {"types", "config", "llm", "tools", "facade"},
     # a client program loads the client, the wire and protocol types and the error tree only
     "client": {"types"},
-    "cli": {"types", "config", "storage", "llm", "tools", "actors", "facade", "front", "client"},
+    "cli": {"types", "config", "storage", "storage_actor", "llm", "tools", "actors", "facade",
+            "front", "client"},
 }
 
 

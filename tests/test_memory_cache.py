@@ -15,7 +15,7 @@ from agentik.actors.memory import WorkingMemory
 from agentik.errors import LlmResponseError, StorageError
 from agentik.llm.base import ToolSpec
 from agentik.storage import ops
-from agentik.storage.queries import Reader, working_memory
+from agentik.storage.reads import Reads
 from agentik.testing import FunctionLlm, Reply
 from agentik.wire import SummaryItem, Text, ToolCallSpec, ToolItem, UserItem, WorkingItem
 
@@ -38,19 +38,18 @@ async def test_read_once_per_actor_and_kept_in_step_with_its_writes(
 ) -> None:
     memories: list[WorkingMemory] = []
     reads: list[str] = []
-    init, run = WorkingMemory.__init__, Reader.run
+    init, read = WorkingMemory.__init__, Reads.working_memory
 
     def counting_init(self: WorkingMemory, *args: Any) -> None:
         init(self, *args)
         memories.append(self)
 
-    async def counting_run(self: Reader, fn: Any, *args: Any) -> Any:
-        if fn is working_memory:
-            reads.append(args[0])
-        return await run(self, fn, *args)
+    async def counting_read(self: Reads[Any], conversation_id: str) -> Any:
+        reads.append(conversation_id)
+        return await read(self, conversation_id)
 
     monkeypatch.setattr(WorkingMemory, "__init__", counting_init)
-    monkeypatch.setattr(Reader, "run", counting_run)
+    monkeypatch.setattr(Reads, "working_memory", counting_read)
     tools = agentik.FunctionTools()
     tools.add(lambda a, b: a + b, name="add")
     llm = FunctionLlm(reply)
@@ -68,7 +67,7 @@ async def test_read_once_per_actor_and_kept_in_step_with_its_writes(
                     if ev.type == "touched":  # every turn's ending ends with it
                         break
                 (memory,) = memories
-                stored = await run(storage.reader, working_memory, conv.id)
+                stored = await read(storage.reader, conv.id)
                 assert await memory.items() == stored
             # the model saw the stored history when its session was reopened after the failure
             reopened = next(messages for messages, _ in llm.requests
@@ -89,14 +88,14 @@ async def test_read_once_per_actor_and_kept_in_step_with_its_writes(
                     if ev.type == "touched":
                         break
                 await trio.testing.wait_all_tasks_blocked()  # the actor took its answer's item
-                assert await memories[-1].items() == await run(storage.reader, working_memory,
-                                                               conv.id)
+                assert await memories[-1].items() == await read(storage.reader, conv.id)
     assert len(memories) == 2
     assert reads == [conv.id], "working memory was read again"
 
 
 class _Storage:
-    """A storage stand-in: ``reader.run`` returns ``rows``; ``write`` fails when told to."""
+    """A storage stand-in: ``reader.working_memory`` returns ``rows``; ``write`` fails when
+    told to."""
 
     def __init__(self, rows: list[tuple[int, WorkingItem]]) -> None:
         self.rows = rows
@@ -104,7 +103,7 @@ class _Storage:
         self.fail = False
         self.reader = self
 
-    async def run(self, fn: Any, *args: Any) -> Any:
+    async def working_memory(self, conversation_id: str) -> list[tuple[int, WorkingItem]]:
         self.reads += 1
         return list(self.rows)
 

@@ -1,4 +1,4 @@
-"""The commit statement's typed row arrays (``pg_arrays``) reach PostgreSQL as the values they
+"""The commit statement's typed row arrays (``pg.arrays``) reach PostgreSQL as the values they
 hold: every element type, NULLs, empty arrays, non-ASCII text, extreme integers."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentik.storage.pg_arrays import Bools, Byteas, Float8s, Int8s, Texts
+from agentik.storage.pg.arrays import Bools, Byteas, Float8s, Int8s, Texts
 
 CASES: list[tuple[Any, str]] = [
     (Int8s([0, 1, -1, 2**63 - 1, -(2**63), 7]), "bigint[]"),

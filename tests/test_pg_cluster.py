@@ -29,10 +29,10 @@ from agentik.errors import (
     StorageUnavailableError,
 )
 from agentik.runtime import open_runtime
-from agentik.storage import ops, pg_schema
-from agentik.storage import queries as q
+from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
-from agentik.storage.writer import StoredEvent
+from agentik.storage.pg import schema as pg_schema
+from agentik.storage.types import StoredEvent
 from agentik.testing import ScriptedLlm
 from agentik.wire import AppendText, Cursor, Text, UserMessage, event_type
 from tests.conftest import PG_BASE_URL
@@ -96,7 +96,7 @@ async def test_two_nodes_one_counter_every_event_on_every_node_in_order(pg_url: 
                 n.start_soon(writer, a if w % 2 else b, w)
         assert seen["a"] == seen["b"] == list(range(1, total + 1))
         # the state rows carry the same offsets as the events, whichever node wrote them
-        journal = await a.reader.run(q.journal, None, 0, None, 10_000)
+        journal = await a.reader.journal(None, 0, None, 10_000)
         assert len(journal) == 4 * per_writer
         outbox = await a.reader.outbox_page(0, None, "conversation", 10_000)
         assert sorted(r.seq for r in journal) == [ev.offset for ev in outbox[2]]
@@ -122,7 +122,7 @@ async def test_leases_route_refuse_and_fence(pg_url: str) -> None:
         with pytest.raises(LeaseLostError):
             await a.write(send("c1", "late"))
         assert "c1" not in a.leases.fences
-        assert await a.reader.run(q.journal_count, "c1", 0) == 0
+        assert await a.reader.journal_count("c1", 0) == 0
         assert (await a.reader.outbox_page(0, None, None, 100))[1] == head  # no offset taken
         await b.write(send("c1", "m2"))  # b's lease is good now (unfenced but its own)
 
@@ -270,7 +270,7 @@ async def test_refusal_takes_no_offset_on_postgres(pg_url: str) -> None:
             n.start_soon(bad)
             for i in range(5):
                 n.start_soon(a.write, send("c1", f"m{i}"))
-        journal = await a.reader.run(q.journal, None, 0, None, 100)
+        journal = await a.reader.journal(None, 0, None, 100)
         assert sorted(r.seq for r in journal) == [2, 3, 4, 5, 6]
         assert a.hub.current_cursor().offset == 6
 
@@ -468,7 +468,7 @@ async def test_a_node_that_cannot_write_is_not_ready_while_the_others_are(pg_url
                     await a.write(send("ca", "a0"))
                 with pytest.raises(StorageUnavailableError, match="read-only"):  # reconnected
                     await a.write(send("ca", "a1"))
-                assert await a.reader.run(q.journal_count, "ca", 0) == 0  # nothing stored
+                assert await a.reader.journal_count("ca", 0) == 0  # nothing stored
                 await b.write(send("cb", "b0"))  # the other node is not affected
                 assert b.health.writable and not a.health.writable
                 assert a.health.error is not None and "read-only" in a.health.error

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentik.storage import ops
-from agentik.storage.pg_writer import PgWriter
+from agentik.storage.pg.writer import PgWriter
 from agentik.wire import SystemItem, Text, UserMessage
 
 
@@ -201,7 +201,6 @@ async def test_the_writer_thread_plans_ahead_under_load_and_loses_nothing(pg_url
 
     import trio
 
-    from agentik.storage import queries as q
     from agentik.storage.actor import Storage, run_storage
 
     async with trio.open_nursery() as nursery:
@@ -218,7 +217,7 @@ async def test_the_writer_thread_plans_ahead_under_load_and_loses_nothing(pg_url
             async with trio.open_nursery() as inner:
                 for w in range(200):
                     inner.start_soon(writer, w)
-        journal = await st.reader.run(q.journal, None, 0, None, 2000)
+        journal = await st.reader.journal(None, 0, None, 2000)
         nursery.cancel_scope.cancel()
     assert st.stats.followed > 0
     ids = [r.id for r in journal]

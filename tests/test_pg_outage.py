@@ -16,7 +16,6 @@ import trio
 
 from agentik.errors import StorageError, StorageUnavailableError
 from agentik.storage import ops
-from agentik.storage import queries as q
 from tests.tcp_proxy import open_tcp_proxy
 from tests.test_pg_cluster import create, node, read_offsets, send
 
@@ -45,7 +44,7 @@ async def test_a_node_cut_off_from_the_database_refuses_writes_then_catches_up(
             assert not a.health.writable and a.health.error is not None
             started = trio.current_time()
             with trio.fail_after(10), pytest.raises(StorageError, match="read failed"):
-                await a.reader.run(q.journal_count, "ca", 0)  # a read fails too, as soon
+                await a.reader.journal_count("ca", 0)  # a read fails too, as soon
             assert trio.current_time() - started < 2.0 + 1.0  # AGENTIK_DB_TIMEOUT, not 30 s
             feed = a.feed
             assert feed is not None
@@ -62,12 +61,12 @@ async def test_a_node_cut_off_from_the_database_refuses_writes_then_catches_up(
                 await a.health.wait_writable()  # the probe, no write needed
             # reads at once too, although the read pool's next reconnect attempt is a minute away
             with trio.fail_after(2.0 + 3.0):
-                assert await a.reader.run(q.journal_count, "ca", 0) == 1
+                assert await a.reader.journal_count("ca", 0) == 1
             await a.write(send("ca", "a1"))
             # 1 ca, 2 cb, 3 a0, 4..6 b0..b2, 7 a1: every one on node a, once, in order
             assert await read_offsets(a, 0, 7) == list(range(1, 8))
             assert await read_offsets(b, 0, 7) == list(range(1, 8))
-            assert await b.reader.run(q.journal_count, "ca", 0) == 2  # the refused ones: none
+            assert await b.reader.journal_count("ca", 0) == 2  # the refused ones: none
             assert proxy.connections > 1  # it did reconnect through the proxy
 
 

@@ -1,7 +1,7 @@
 """The PostgreSQL planner's events and results, without a database (issue 17, durable rate): a
 journal record's event is made once after commit and is also its op's result, and its published
-bytes are its stored payload with the offsets written in (``pg_plan._splice``). Both must be
-exactly what a reader makes of the stored row (``pg_reader.row_to_event``), or a stream would
+bytes are its stored payload with the offsets written in (``pg.plan._splice``). Both must be
+exactly what a reader makes of the stored row (``pg.queries.row_to_event``), or a stream would
 differ between live and replay."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import msgspec
 import pytest
 
 from agentik.storage import ops
-from agentik.storage.pg_plan import Conv, Plan
-from agentik.storage.pg_plan_ops import plan_op
-from agentik.storage.pg_reader import row_to_event
+from agentik.storage.pg.plan import Conv, Plan
+from agentik.storage.pg.plan_ops import plan_op
+from agentik.storage.pg.queries import row_to_event
 from agentik.wire import (
     AssistantMessage,
     Error,

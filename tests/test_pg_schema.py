@@ -8,9 +8,9 @@ from __future__ import annotations
 import psycopg
 
 from agentik.storage import ops
-from agentik.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION
-from agentik.storage.pg_writer import PgWriter
-from agentik.storage.schema import apply_migrations
+from agentik.storage.migrations import apply_migrations
+from agentik.storage.pg.schema import MIGRATIONS, SCHEMA_VERSION
+from agentik.storage.pg.writer import PgWriter
 from agentik.wire import Text, UserMessage
 
 

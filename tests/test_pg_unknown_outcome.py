@@ -21,7 +21,6 @@ from agentik.config import Config
 from agentik.errors import StorageOutcomeUnknownError
 from agentik.runtime import open_runtime
 from agentik.storage import ops
-from agentik.storage import queries as q
 from agentik.storage.actor import Storage
 from agentik.testing import FunctionLlm
 from agentik.wire import (
@@ -144,7 +143,7 @@ async def test_an_answer_cut_off_in_flight_is_the_turn_s_one_terminal_record(
                                       _stored(op), committed=committed)
         # what a first success returns: the answer's record, as stored
         assert [r.id for r in result] == ["a1"] and isinstance(result[0], MessageRecord)
-        journal = await a.reader.run(q.get_messages, "c1", 0, 0, 100)
+        journal = await a.reader.get_messages("c1", 0, 0, 100)
         assert [(m.id, type(m.message).__name__) for m in journal] == [
             ("m0", "UserMessage"), ("a0", "AssistantMessage"),
             ("m1", "UserMessage"), ("a1", "AssistantMessage")]
@@ -154,9 +153,9 @@ async def test_an_answer_cut_off_in_flight_is_the_turn_s_one_terminal_record(
             # the turn's ending once in the outbox: one answer event, one touched
             assert _count(conn, "SELECT count(*) FROM outbox WHERE convert_from(payload, "
                           "'UTF8') LIKE '%%\"a1\"%%'") == 1
-        assert (await a.reader.run(q.working_memory, "c1"))[-1][1] == AssistantItem(
+        assert (await a.reader.working_memory("c1"))[-1][1] == AssistantItem(
             content=[Text(body="a1")])
-        assert len(await a.reader.run(q.working_memory, "c1")) == 3  # system, a0, a1
+        assert len(await a.reader.working_memory("c1")) == 3  # system, a0, a1
 
 
 @pytest.mark.parametrize("committed", [True, False], ids=["committed", "not_committed"])
@@ -168,10 +167,10 @@ async def test_a_tool_result_cut_off_in_flight_is_stored_once(
         op = tool_result("c1", "r1")
         result = await _cut_in_flight(a, proxy, pg_url, partial(a.write_until_stored, op),
                                       _stored(op), committed=committed)
-        journal = await a.reader.run(q.get_messages, "c1", 0, 0, 100)
+        journal = await a.reader.get_messages("c1", 0, 0, 100)
         assert [m.id for m in journal] == ["m0", "r0", "r1"]
         assert result == journal[2]
-        memory = await a.reader.run(q.working_memory, "c1")
+        memory = await a.reader.working_memory("c1")
         assert [type(item).__name__ for _, item in memory] == [
             "SystemItem", "ToolItem", "ToolItem"]
 
@@ -192,7 +191,7 @@ async def test_a_turn_s_start_cut_off_in_flight_puts_its_message_in_memory_once(
             a, proxy, pg_url, partial(a.write_until_stored, start("m1")), committed=committed,
             stored="SELECT count(*) FROM working_memory WHERE source_message_id = 'm1'")
         assert result is None  # as a first success
-        memory = await a.reader.run(q.working_memory, "c1")
+        memory = await a.reader.working_memory("c1")
         assert [item for _, item in memory][1:] == [start("m0").item, start("m1").item]
         with psycopg.connect(pg_url) as conn:
             assert conn.execute("SELECT id, state FROM turn ORDER BY id").fetchall() == [
@@ -214,7 +213,7 @@ async def test_a_compaction_cut_off_in_flight_is_made_and_told_once(
         result = await _cut_in_flight(a, proxy, pg_url, partial(
             a.write_until_stored, compact(5, "sum2")), told, committed=committed)
         assert result is None
-        memory = await a.reader.run(q.working_memory, "c1")
+        memory = await a.reader.working_memory("c1")
         assert [(i, type(item).__name__) for i, item in memory] == [
             (1, "SystemItem"), (2, "SummaryItem"), (5, "ToolItem")]
         assert memory[1][1] == SummaryItem(text="sum2")

@@ -1,7 +1,7 @@
 """A turn's write retried after a commit of unknown outcome (issue 17, ``ops.rechecked``): its
 plan first reads whether the first attempt was stored and then stores nothing and returns what
 is, else stores it as a first attempt would. Planned the same on both engines; only the retry
-pays the read (a first attempt still follows the batch in flight, ``pg_flight``). The real cut
+pays the read (a first attempt still follows the batch in flight, ``pg.flight``). The real cut
 connection is ``tests/test_pg_unknown_outcome.py``."""
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from agentik.actors import turn as logic
 from agentik.actors.ending import TurnEndings
 from agentik.errors import NotFoundError, StorageOutcomeUnknownError, StorageUnavailableError
 from agentik.storage import ops
-from agentik.storage import queries as q
 from agentik.storage.actor import Storage, run_storage
 from agentik.storage.health import StorageHealth, retry_until_stored
-from agentik.storage.pg_flight import Flight, seed_after
-from agentik.storage.pg_plan import Conv, Found, Plan
-from agentik.storage.pg_plan_ops import plan_op, read_found
+from agentik.storage.pg.flight import Flight, seed_after
+from agentik.storage.pg.plan import Conv, Found, Plan
+from agentik.storage.pg.plan_ops import plan_op, read_found
 from agentik.wire import (
     AssistantItem,
     AssistantMessage,
@@ -298,11 +297,11 @@ async def test_both_engines_plan_a_recheck_alike(target: StorageTarget) -> None:
         await _turn(st, "c1", "m3")
         stored = await st.write(ops.rechecked(failed(turn_id="m3")))
         assert [r.id for r in stored] == ["p1", "e1"]
-        journal = await st.reader.run(q.get_messages, "c1", 0, 0, 100)
+        journal = await st.reader.get_messages("c1", 0, 0, 100)
         assert [m.id for m in journal if m.id in ("p1", "e1", "a1", "r1", "t1", "t2")] == [
             "t1", "t2", "r1", "a1", "p1", "e1"]
         assert stored == [m for m in journal if m.id in ("p1", "e1")]
-        memory = await st.reader.run(q.working_memory, "c1")
+        memory = await st.reader.working_memory("c1")
         assert [type(item).__name__ for _, item in memory] == [
             "SystemItem", "AssistantItem", "ToolItem", "AssistantItem"]  # each once
 
@@ -328,7 +327,7 @@ async def test_both_engines_recheck_a_start_and_a_compaction_alike(target: Stora
                                               is_temporal=False, system_prompt="s"))
 
         async def memory() -> list[tuple[int, str]]:
-            items = await st.reader.run(q.working_memory, "c1")
+            items = await st.reader.working_memory("c1")
             return [(i, getattr(item, "text", None) or item.content[0].body)  # type: ignore[union-attr]
                     for i, item in items]
 

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 import trio
 
-from agentik.storage.writer import Writer
+from agentik.storage.sqlite.writer import Writer
 from benchmarks.serverproc import ServerProcess, spawn_server
 from tests.diskutil import fill_disk, small_tmpfs
 from tests.scripted_openai import Reply, ScriptedOpenAI

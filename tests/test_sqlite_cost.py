@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from agentik.errors import StorageError
-from agentik.storage import ops, sqlite_ops
-from agentik.storage.writer import Writer
+from agentik.storage import ops
+from agentik.storage.sqlite import ops as sqlite_ops
+from agentik.storage.sqlite.writer import Writer
 from agentik.wire import Text, UserItem, UserMessage, decode_common_event, encode
 from tests.test_pg_plan import TRICKY
 from tests.test_pg_plan import _ops as journal_ops
@@ -21,7 +22,7 @@ from tests.test_storage_batch import _create, _send
 def test_every_op_has_its_function_on_both_engines() -> None:
     """Each engine dispatches ops by exact type through its own table: an op added to
     ``ops.AnyOp`` and missing from either would be a KeyError at its first write."""
-    from agentik.storage import pg_plan_ops
+    from agentik.storage.pg import plan_ops as pg_plan_ops
 
     every = set(typing.get_args(ops.AnyOp))
     assert set(sqlite_ops._APPLY) == every
@@ -162,7 +163,7 @@ def test_rows_insert_writes_every_row_in_few_statement_shapes(tmp_path: Path) ->
     two of the rest: seven shapes of statement whatever the batch sizes."""
     import sqlite3
 
-    from agentik.storage.sqlite_rows import RowsInsert
+    from agentik.storage.sqlite.rows import RowsInsert
 
     conn = sqlite3.connect(str(tmp_path / "i.db"), isolation_level=None)
     conn.execute("CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT, c BLOB)")
@@ -191,7 +192,7 @@ def test_oldest_is_read_back_if_a_seq_had_no_event(
 ) -> None:
     """``_trim``'s sums stand on every seq having its event: a batch that ever took a seq with
     none makes the writer read ``oldest`` back instead."""
-    from agentik.storage import sqlite_rows
+    from agentik.storage.sqlite import rows as sqlite_rows
 
     w = Writer(str(tmp_path / "h.db"), synchronous="OFF", outbox_cap=3, outbox_ttl=3600)
     w.commit_batch([_create("c"), _send("c", "m1"), _send("c", "m2")])  # 1, 2, 3
@@ -213,7 +214,7 @@ def test_oldest_is_read_back_if_a_seq_had_no_event(
 
 @pytest.mark.parametrize("body", TRICKY)
 def test_a_journal_row_s_payload_is_its_message_s_json(tmp_path: Path, body: str) -> None:
-    """A journal row's payload is cut from its event's encoding (``sqlite_rows.journal``): it is
+    """A journal row's payload is cut from its event's encoding (``sqlite.rows.journal``): it is
     exactly the message encoded on its own, for every op that journals, tricky text included;
     the event and its outbox row are the record's."""
     w = Writer(str(tmp_path / "j.db"), synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
@@ -239,10 +240,10 @@ def test_a_journal_row_s_payload_is_its_message_s_json(tmp_path: Path, body: str
 
 def test_coded_columns_are_stored_as_their_text(tmp_path: Path) -> None:
     """An outbox row's kind, a journal row's type and a turn's state are bound as small ints and
-    stored as their text by the statement (``sqlite_rows.RowsInsert``'s CASE): every kind, every
+    stored as their text by the statement (``sqlite.rows.RowsInsert``'s CASE): every kind, every
     message type and both states come back as the text they stood for; the batch's one time is
     every row's."""
-    from agentik.storage import sqlite_rows
+    from agentik.storage.sqlite import rows as sqlite_rows
 
     now = [1234.5]
     w = Writer(str(tmp_path / "k.db"), synchronous="OFF", outbox_cap=1000, outbox_ttl=3600,

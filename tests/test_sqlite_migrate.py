@@ -9,8 +9,8 @@ import sqlite3
 from pathlib import Path
 
 from agentik.storage import ops
-from agentik.storage.schema import MIGRATIONS, SCHEMA_VERSION
-from agentik.storage.writer import Writer
+from agentik.storage.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
+from agentik.storage.sqlite.writer import Writer
 from agentik.wire import ErrorEvent
 from tests.test_storage_batch import _send
 

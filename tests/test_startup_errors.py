@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from agentik.storage.dblock import lock_database
+from agentik.storage.sqlite.dblock import lock_database
 from tests.test_web_lifespan import env_for, spawn
 
 SERVE = [sys.executable, "-m", "agentik.cli", "serve"]

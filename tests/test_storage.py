@@ -17,10 +17,9 @@ import trio.testing
 from agentik.errors import NotFoundError, OutboxGapError, StorageError
 from agentik.storage import hub as hub_module
 from agentik.storage import ops
-from agentik.storage import queries as q
 from agentik.storage.actor import Storage, run_storage
-from agentik.storage.schema import SCHEMA_VERSION
-from agentik.storage.writer import Writer
+from agentik.storage.sqlite.schema import SCHEMA_VERSION
+from agentik.storage.sqlite.writer import Writer
 from agentik.wire import CommonEvent, Cursor, Text, UserMessage
 from tests.conftest import StorageTarget
 
@@ -73,9 +72,9 @@ async def test_one_counter_group_commit_and_contiguous_offsets(target: StorageTa
         assert st.stats.batches < st.stats.ops
         assert st.stats.largest_batch > 1
         # message.seq == outbox offset == conversation.seq of the last change
-        journal = await st.reader.run(q.journal, None, 0, None, 1000)
+        journal = await st.reader.journal(None, 0, None, 1000)
         assert [r.seq for r in journal] == list(range(2, 202))
-        conv = await st.reader.run(q.get_conversation, "c1")
+        conv = await st.reader.get_conversation("c1")
         assert conv is not None and conv.seq == 201
         assert st.hub.current_cursor().offset == 201
 
@@ -99,7 +98,7 @@ async def test_cursor_invariant_under_concurrent_writers(target: StorageTarget) 
         async def reader() -> None:
             for _ in range(6):
                 cursor = await_cursor = st.hub.current_cursor()
-                state = {r.seq for r in await st.reader.run(q.journal, None, 0, None, 1000)}
+                state = {r.seq for r in await st.reader.journal(None, 0, None, 1000)}
                 head_at_end = 1 + total  # Created + every append
                 remaining = head_at_end - await_cursor.offset
                 events = await collect(st.hub.events(cursor), remaining) if remaining else []
@@ -109,7 +108,7 @@ async def test_cursor_invariant_under_concurrent_writers(target: StorageTarget) 
         async with trio.open_nursery() as n:
             n.start_soon(writers)
             n.start_soon(reader)
-        all_seqs = {r.seq for r in await st.reader.run(q.journal, None, 0, None, 1000)}
+        all_seqs = {r.seq for r in await st.reader.journal(None, 0, None, 1000)}
         assert len(all_seqs) == total
         for cursor, state, offsets in observations:
             assert {s for s in all_seqs if s <= cursor} <= state  # nothing <= cursor missing
@@ -180,7 +179,7 @@ async def test_ttl_trims_the_outbox(target: StorageTarget) -> None:
         now[0] = 1012.0
         await append(st, "c1", "m2")  # offset 3, t=1012: offset 1 (12 s) goes, offset 2 (7 s) stays
         assert st.hub.oldest_cursor().offset == 1
-        conv = await st.reader.run(q.get_conversation, "c1")
+        conv = await st.reader.get_conversation("c1")
         assert conv is not None and conv.created_at == 1000.0  # stored times are the writer's clock
 
 
@@ -263,7 +262,7 @@ async def test_refused_op_through_the_actor(target: StorageTarget) -> None:
             n.start_soon(bad)
             for i in range(5):
                 n.start_soon(lambda i=i: append(st, "c1", f"m{i}"))
-        journal = await st.reader.run(q.journal, None, 0, None, 100)
+        journal = await st.reader.journal(None, 0, None, 100)
         assert sorted(r.seq for r in journal) == [2, 3, 4, 5, 6]  # no hole where the refusal was
         assert st.hub.current_cursor().offset == 6
 
@@ -357,7 +356,7 @@ async def test_idempotency_keys_replay_refuse_and_survive_restart(target: Storag
             n.start_soon(one, "m5")
         stored = [r for r in results if not isinstance(r, ops.Replayed)]
         assert len(stored) == 1
-        journal = await st.reader.run(q.journal, None, 0, None, 1000)
+        journal = await st.reader.journal(None, 0, None, 1000)
         ids = [r.id for r in journal]
         assert ids == ["m1", stored[0].id]  # type: ignore[attr-defined]
     async with open_storage(target) as st:

@@ -18,11 +18,10 @@ import trio
 
 from agentik.errors import ConflictError, NotFoundError
 from agentik.storage import ops
-from agentik.storage import queries as q
 from agentik.storage.actor import Storage, run_storage
-from agentik.storage.pg_writer import PgWriter
-from agentik.storage.schema import _V1, SCHEMA_VERSION
-from agentik.storage.writer import Writer
+from agentik.storage.pg.writer import PgWriter
+from agentik.storage.sqlite.schema import _V1, SCHEMA_VERSION
+from agentik.storage.sqlite.writer import Writer
 from agentik.wire import TaskUpdated
 from tests.conftest import StorageTarget
 
@@ -62,7 +61,7 @@ async def test_put_task_row_and_event_share_one_seq(target: StorageTarget) -> No
         seq1 = await st.write(put("t1", "TASK_STATE_WORKING", None))
         seq2 = await st.write(put("t1", "TASK_STATE_COMPLETED", seq1, text="done"))
         assert seq2 == seq1 + 1
-        row = await st.reader.run(q.get_a2a_task, "t1")
+        row = await st.reader.get_a2a_task("t1")
         assert row is not None
         assert (row.first_seq, row.seq, row.state) == (seq1, seq2, "TASK_STATE_COMPLETED")
         assert row.conversation_id == "conv-ctx"
@@ -91,7 +90,7 @@ async def test_stale_expect_seq_is_refused_and_uses_no_seq(target: StorageTarget
             await st.write(put("t1", "TASK_STATE_COMPLETED", seq1))  # lost the race
         with pytest.raises(ConflictError):
             await st.write(put("t1", "TASK_STATE_WORKING", None))  # exists already
-        row = await st.reader.run(q.get_a2a_task, "t1")
+        row = await st.reader.get_a2a_task("t1")
         assert row is not None and row.state == "TASK_STATE_CANCELED"
         assert st.hub.current_cursor().offset == seq2  # the refused ops took no seq
         seq3 = await st.write(put("t2", "TASK_STATE_WORKING", None))
@@ -108,23 +107,22 @@ async def test_list_newest_first_paged_filtered_and_counted(target: StorageTarge
                     context="a" if i < 3 else "b"))
         # A later change does not move a task in the listing (ordered by creation).
         await st.write(put("t0", "TASK_STATE_FAILED", firsts["t0"], context="a"))
-        rows, total = await st.reader.run(q.list_a2a_tasks, None, None, None, 2)
+        rows, total = await st.reader.list_a2a_tasks(None, None, None, 2)
         assert [r.id for r in rows] == ["t4", "t3"] and total == 5
-        rows, total = await st.reader.run(q.list_a2a_tasks, None, None, rows[-1].first_seq, 2)
+        rows, total = await st.reader.list_a2a_tasks(None, None, rows[-1].first_seq, 2)
         assert [r.id for r in rows] == ["t2", "t1"] and total == 5
-        rows, _ = await st.reader.run(q.list_a2a_tasks, None, None, rows[-1].first_seq, 2)
+        rows, _ = await st.reader.list_a2a_tasks(None, None, rows[-1].first_seq, 2)
         assert [r.id for r in rows] == ["t0"]
-        rows, total = await st.reader.run(q.list_a2a_tasks, "a", None, None, 10)
+        rows, total = await st.reader.list_a2a_tasks("a", None, None, 10)
         assert [r.id for r in rows] == ["t2", "t1", "t0"] and total == 3
-        rows, total = await st.reader.run(q.list_a2a_tasks, "a", "TASK_STATE_COMPLETED", None, 10)
+        rows, total = await st.reader.list_a2a_tasks("a", "TASK_STATE_COMPLETED", None, 10)
         assert [r.id for r in rows] == ["t1"] and total == 1
-        rows, total = await st.reader.run(q.list_a2a_tasks, "nope", None, None, 10)
+        rows, total = await st.reader.list_a2a_tasks("nope", None, None, 10)
         assert rows == [] and total == 0
-        latest = await st.reader.run(q.latest_a2a_task_of_context, "b")
+        latest = await st.reader.latest_a2a_task_of_context("b")
         assert latest is not None and latest.id == "t4"
-        assert await st.reader.run(q.latest_a2a_task_of_context, "nope") is None
-        running = await st.reader.run(
-            q.a2a_tasks_in_states, ("TASK_STATE_WORKING", "TASK_STATE_SUBMITTED"))
+        assert await st.reader.latest_a2a_task_of_context("nope") is None
+        running = await st.reader.a2a_tasks_in_states(("TASK_STATE_WORKING", "TASK_STATE_SUBMITTED"))
         assert [r.id for r in running] == ["t2", "t4"]
 
 
@@ -145,12 +143,11 @@ async def test_a_conversations_tasks_go_with_it_and_none_is_stored_for_one_gone(
         assert a2 == a1 + 1
         assert await st.write(ops.DeleteConversation(conversation_id="conv-a")) is True
         for gone in ("a1", "a2"):
-            assert await st.reader.run(q.get_a2a_task, gone) is None
-        assert await st.reader.run(q.latest_a2a_task_of_context, "a") is None
-        rows, total = await st.reader.run(q.list_a2a_tasks, None, None, None, 10)
+            assert await st.reader.get_a2a_task(gone) is None
+        assert await st.reader.latest_a2a_task_of_context("a") is None
+        rows, total = await st.reader.list_a2a_tasks(None, None, None, 10)
         assert [r.id for r in rows] == ["t1", "b1"] and total == 2
-        assert await st.reader.run(
-            q.a2a_tasks_in_states, ("TASK_STATE_WORKING",)) == []  # nothing to recover
+        assert await st.reader.a2a_tasks_in_states(("TASK_STATE_WORKING",)) == []  # nothing to recover
         # The running task's last change, after its conversation went: refused, no seq used.
         head = st.hub.current_cursor().offset
         with pytest.raises(NotFoundError):
@@ -158,17 +155,17 @@ async def test_a_conversations_tasks_go_with_it_and_none_is_stored_for_one_gone(
         with pytest.raises(NotFoundError):
             await st.write(put("a3", "TASK_STATE_WORKING", None, context="a"))
         assert st.hub.current_cursor().offset == head
-        assert await st.reader.run(q.get_a2a_task, "a2") is None
+        assert await st.reader.get_a2a_task("a2") is None
         # A temporary conversation's cleanup (start-up) takes its tasks too.
         assert await st.write(ops.PurgeTemporary()) == 1
-        assert await st.reader.run(q.get_a2a_task, "t1") is None
-        b1 = await st.reader.run(q.get_a2a_task, "b1")
+        assert await st.reader.get_a2a_task("t1") is None
+        b1 = await st.reader.get_a2a_task("b1")
         assert b1 is not None and b1.conversation_id == "conv-b"
         # A task with no conversation (an executor without one) needs none.
         await st.write(ops.PutA2ATask(
             task_id="n1", context_id="n", conversation_id=None, state="TASK_STATE_COMPLETED",
             task=b"{}", update=b"{}", expect_seq=None))
-        assert await st.reader.run(q.get_a2a_task, "n1") is not None
+        assert await st.reader.get_a2a_task("n1") is not None
 
 
 def test_tasks_of_a_conversation_deleted_in_the_same_batch_go_with_it(

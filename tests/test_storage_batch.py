@@ -15,10 +15,10 @@ import pytest
 import trio
 
 from agentik.errors import ConflictError, NotFoundError
-from agentik.storage import ops, sqlite_ops
-from agentik.storage import queries as q
+from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
-from agentik.storage.writer import Writer
+from agentik.storage.sqlite import ops as sqlite_ops
+from agentik.storage.sqlite.writer import Writer
 from agentik.wire import Text, UserMessage
 from tests.conftest import StorageTarget
 
@@ -144,7 +144,7 @@ async def test_write_of_a_cancelled_caller_is_not_queued(target: StorageTarget) 
             await st.write(_send("c1", "never"))
         assert scope.cancelled_caught
         await st.write(_send("c1", "after"))
-        journal = await st.reader.run(q.journal, None, 0, None, 100)
+        journal = await st.reader.journal(None, 0, None, 100)
         assert [r.id for r in journal] == ["after"]
 
 
@@ -155,7 +155,7 @@ async def test_full_request_queue_still_takes_every_write(target: StorageTarget)
             async with trio.open_nursery() as n:
                 for i in range(30):
                     n.start_soon(st.write, _send("c1", f"m{i}"))
-        journal = await st.reader.run(q.journal, None, 0, None, 100)
+        journal = await st.reader.journal(None, 0, None, 100)
         assert sorted(r.id for r in journal) == sorted(f"m{i}" for i in range(30))
         assert sorted(r.seq for r in journal) == list(range(2, 32))
 

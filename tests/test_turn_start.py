@@ -15,8 +15,7 @@ from agentik import Config, open_runtime
 from agentik.errors import BusyError, NotFoundError
 from agentik.llm.base import ToolSpec
 from agentik.storage import ops
-from agentik.storage.queries import working_memory
-from agentik.storage.writer import Writer
+from agentik.storage.sqlite.writer import Writer
 from agentik.testing import FunctionLlm
 from agentik.wire import AssistantItem, AssistantMessage, SystemItem, Text, UserItem, UserMessage, WorkingItem
 from tests.test_runtime import run_turn
@@ -70,7 +69,7 @@ async def test_a_turn_of_an_idle_conversation_starts_in_its_messages_commit(
             await trio.testing.wait_all_tasks_blocked()  # the actor is back in its mailbox loop
             await run_turn(agent, conv, text)
         storage = agent._deps.storage
-        memory = [item for _, item in await storage.reader.run(working_memory, conv.id)]
+        memory = [item for _, item in await storage.reader.working_memory(conv.id)]
         assert memory == [SYSTEM, said("one"), answered("echo: one"), said("two"),
                           answered("echo: two")]
         kinds = [type(op).__name__ for op in written.of(conv.id)]
@@ -81,7 +80,7 @@ async def test_a_turn_of_an_idle_conversation_starts_in_its_messages_commit(
         # and the model saw each question once, in order (the actor's copy is in step)
         await trio.testing.wait_all_tasks_blocked()
         await run_turn(agent, conv, "three")
-        memory = [item for _, item in await storage.reader.run(working_memory, conv.id)]
+        memory = [item for _, item in await storage.reader.working_memory(conv.id)]
         assert memory[-2:] == [said("three"), answered("echo: three")]
 
 
@@ -107,7 +106,7 @@ async def test_a_message_that_waits_for_a_running_turn_starts_after_its_answer(
         gate.set()
         await touched(agent, cursor, conv.id, 2)
         memory = [item for _, item in
-                  await agent._deps.storage.reader.run(working_memory, conv.id)]
+                  await agent._deps.storage.reader.working_memory(conv.id)]
     assert memory == [SYSTEM, said("running"), answered("echo: running"), said("queued"),
                       answered("echo: queued")]
     queued = [op for op in written.of(conv.id) if isinstance(op, ops.AppendUserMessage)][1]
@@ -139,7 +138,7 @@ async def test_two_sends_at_once_to_an_idle_conversation_start_one_after_the_oth
             nursery.start_soon(conv.send, "b")
         await touched(agent, cursor, conv.id, 2)
         memory = [item for _, item in
-                  await agent._deps.storage.reader.run(working_memory, conv.id)]
+                  await agent._deps.storage.reader.working_memory(conv.id)]
     users = [m for m in memory if isinstance(m, UserItem)]
     first = users[0]
     second = users[1]
@@ -211,7 +210,7 @@ async def test_both_engines_store_the_start_with_the_message(engine: dict[str, A
         await st.write(ops.FinishTurn(conversation_id="c", turn_id="m",
                                       assistant=("a", AssistantMessage(content=[Text("yo")])),
                                       item=answered("yo")))
-        items = await st.reader.run(working_memory, "c")
+        items = await st.reader.working_memory("c")
         assert [item for _, item in items] == [SystemItem(text="sys"), said("hi"), answered("yo")]
         nursery.cancel_scope.cancel()
 
@@ -236,5 +235,5 @@ async def test_a_second_send_in_the_same_tick_to_an_idle_conversation_is_busy(cf
             nursery.start_soon(send, "b")
         await touched(agent, cursor, conv.id, 1)
         assert sorted(type(o).__name__ for o in outcomes) == ["BusyError", "str"], outcomes
-        memory = await agent._deps.storage.reader.run(working_memory, conv.id)
+        memory = await agent._deps.storage.reader.working_memory(conv.id)
         assert len([item for _, item in memory if isinstance(item, UserItem)]) == 1

@@ -19,7 +19,7 @@ from agentik.parking import PARK, PARK_MAX, current_parking
 from agentik.sse import BUSY_CHECK, WakeBody, serve_body
 from agentik.sse import frame as sse_frame
 from agentik.storage.hub import EventHub
-from agentik.storage.writer import StoredEvent
+from agentik.storage.types import StoredEvent
 from agentik.tools.base import FunctionTools
 from agentik.web.app import WebState
 from agentik.web.sse import HEARTBEAT, OPENED, PUMP_BUFFER, EventStream, LiveStream, ended_frame, live_frame

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from agentik.storage.dblock import lock_database
+from agentik.storage.sqlite.dblock import lock_database
 from tests.test_web_lifespan import env_for, spawn
 
 HYPERCORN_2 = [sys.executable, "-m", "hypercorn", "-k", "trio", "-w", "2", "--bind",

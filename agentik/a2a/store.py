@@ -43,7 +43,7 @@ from agentik.ids import new_id
 from agentik.wire import TaskUpdated
 
 if TYPE_CHECKING:
-    from agentik.storage.queries import A2ATaskRow
+    from agentik.storage.types import A2ATaskRow
 
 #: what a change returns: the task after it and the StreamResponse announcing it (None: no change)
 Change = Callable[[Task], tuple[Task, StreamResponse] | None]

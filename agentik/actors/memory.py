@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agentik.storage import ops
-from agentik.storage.queries import working_memory
 from agentik.wire import WorkingItem
 
 if TYPE_CHECKING:
@@ -47,7 +46,7 @@ class WorkingMemory:
     async def items(self) -> Items:
         """The working memory in ``order_idx`` order (a copy: the caller may keep it)."""
         if self._items is None:
-            self._items = await self._storage.reader.run(working_memory, self._conversation_id)
+            self._items = await self._storage.reader.working_memory(self._conversation_id)
         return list(self._items)
 
     def invalidate(self) -> None:

@@ -30,7 +30,6 @@ from agentik.errors import (
 from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.health import RETRY
-from agentik.storage.queries import get_conversation, idempotency_key
 from agentik.wire import Content, ConversationRecord, MessageContext, SystemItem, WorkingItem
 
 log = logging.getLogger(__name__)
@@ -94,7 +93,7 @@ class Registry:
         """The result id stored under ``idem.key`` (None: not stored, or expired). The writer
         checks again inside its transaction; this read only spares the common retry a write.
         Raises IdempotencyKeyReusedError."""
-        row = await self.deps.storage.reader.run(idempotency_key, idem.key, time.time())
+        row = await self.deps.storage.reader.idempotency_key(idem.key, time.time())
         if row is None:
             return None
         fingerprint, result_id = row
@@ -104,7 +103,7 @@ class Registry:
         return result_id
 
     async def _replayed_conversation(self, conversation_id: str) -> ConversationRecord:
-        record = await self.deps.storage.reader.run(get_conversation, conversation_id)
+        record = await self.deps.storage.reader.get_conversation(conversation_id)
         if record is None:
             raise NotFoundError(f"conversation {conversation_id!r} (made by this "
                                 "Idempotency-Key) was deleted")
@@ -125,7 +124,7 @@ class Registry:
             await loading.wait()
         event = self._loading[conversation_id] = trio.Event()
         try:
-            record = await self.deps.storage.reader.run(get_conversation, conversation_id)
+            record = await self.deps.storage.reader.get_conversation(conversation_id)
             if record is None:
                 return None
             return await self._start(conversation_id)
@@ -170,7 +169,7 @@ class Registry:
             return handle.interrupt()
         if self.deps.storage.leases is not None:  # a cluster: its turn may run on its owner
             await self.deps.storage.leases.check_remote(conversation_id)
-        if await self.deps.storage.reader.run(get_conversation, conversation_id) is None:
+        if await self.deps.storage.reader.get_conversation(conversation_id) is None:
             raise NotFoundError(f"conversation {conversation_id!r} not found")
         return False
 

@@ -39,9 +39,9 @@ from agentik.storage.engine import ReaderEngine, WriterEngine
 from agentik.storage.health import RETRY, Backoff, StorageHealth, retry_until_stored
 from agentik.storage.hub import EventHub
 from agentik.storage.outcomes import deliver
-from agentik.storage.pg_connect import DEFAULT_TIMEOUT
-from agentik.storage.queries import Reader
-from agentik.storage.writer import Writer
+from agentik.storage.pg.connect import DEFAULT_TIMEOUT
+from agentik.storage.sqlite.reader import Reader
+from agentik.storage.sqlite.writer import Writer
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +64,11 @@ class Storage:
         self.hub = hub
         self.stats = StorageStats()
         self.health = StorageHealth()
-        #: PostgreSQL: the node's feed (``pg_feed.Feed``) and leases (``pg_lease.Leases``); None
+        #: PostgreSQL: the node's feed (``pg.feed.Feed``) and leases (``pg.lease.Leases``); None
         #: on SQLite
         self.feed: Any = None
         self.leases: Any = None
-        #: PostgreSQL: the online-event relay to the other nodes (``pg_online.OnlineRelay``)
+        #: PostgreSQL: the online-event relay to the other nodes (``pg.online.OnlineRelay``)
         self.online: Any = None
         self._committer: Committer | None = None
         self._closed = False
@@ -187,7 +187,7 @@ async def run_storage(
     the database is open and migrated. Raises StorageError if the database cannot be opened.
     ``database_url`` (``postgresql://…``) selects PostgreSQL instead of the SQLite file ``path``;
     the node then holds conversation leases as ``node_id`` (TTL ``lease_ttl``), advertising
-    ``node_url`` for commands forwarded to it. ``db_timeout``: AGENTIK_DB_TIMEOUT (``pg_connect``).
+    ``node_url`` for commands forwarded to it. ``db_timeout``: AGENTIK_DB_TIMEOUT (``pg.connect``).
     ``clock`` is the writer's clock: every stored time comes from it, once per batch."""
     if database_url is not None:
         engines = await _open_postgres(database_url, node_id=node_id, lease_ttl=lease_ttl,
@@ -257,7 +257,7 @@ async def _shut_down(storage: Storage, engines: _Engines,
 class _Engines:
     writer: WriterEngine
     reader: ReaderEngine
-    #: PostgreSQL: the database URL and the node's leases (``pg_lease.Leases``)
+    #: PostgreSQL: the database URL and the node's leases (``pg.lease.Leases``)
     url: str | None = None
     leases: Any = None
 
@@ -266,9 +266,9 @@ async def _open_postgres(
     url: str, *, node_id: str, lease_ttl: float, node_url: str | None, outbox_cap: int,
     outbox_ttl: float, clock: Callable[[], float], db_timeout: float,
 ) -> _Engines:
-    from agentik.storage.pg_lease import Leases
-    from agentik.storage.pg_reader import PgReader
-    from agentik.storage.pg_writer import PgWriter
+    from agentik.storage.pg.lease import Leases
+    from agentik.storage.pg.reader import PgReader
+    from agentik.storage.pg.writer import PgWriter
 
     pg_writer = await trio.to_thread.run_sync(
         lambda: PgWriter(url, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl, clock=clock,
@@ -287,9 +287,9 @@ async def _open_postgres(
 
 async def _start_node(nursery: trio.Nursery, storage: Storage, engines: _Engines) -> Any:
     """PostgreSQL: start the node's feed (returned), leases and online relay in ``nursery``."""
-    from agentik.storage.pg_feed import Feed
-    from agentik.storage.pg_online import OnlineRelay
-    from agentik.storage.pg_schema import channel
+    from agentik.storage.pg.feed import Feed
+    from agentik.storage.pg.online import OnlineRelay
+    from agentik.storage.pg.schema import channel
 
     pg_writer: Any = engines.writer
     url, leases, hub = engines.url, engines.leases, storage.hub

@@ -272,7 +272,7 @@ class Committer:
         self._drain_wakeups()
         if self._carry or not self._queue.empty():
             return True
-        try:  # bounded like the answer itself (``pg_connect``): landing then says it is late
+        try:  # bounded like the answer itself (``pg.connect``): landing then says it is late
             ready, _, _ = select.select([w.socket(), self._wake_r], [], [], w.answer_remaining())
         except Exception:  # a broken connection: landing the statement says so
             return False

@@ -1,8 +1,8 @@
 """The storage seam: what the StorageActor needs from a database engine, written once.
 
-Two engines implement it: SQLite (``writer.Writer`` + ``queries.Reader``, the embedded default,
-one node) and PostgreSQL (``pg_writer.PgWriter`` + ``pg_reader.PgReader`` + ``pg_feed``, several
-nodes on one database). The contract both keep (docs/PROTOCOL.md §6, docs/SCALEOUT.md):
+Two engines implement it: SQLite (``sqlite/``: ``writer.Writer`` + ``reader.Reader``, the
+embedded default, one node) and PostgreSQL (``pg/``: ``writer.PgWriter`` + ``reader.PgReader`` +
+``feed``, several nodes on one database). The contract both keep (docs/PROTOCOL.md §6, docs/SCALEOUT.md):
 
 - one writer per node; ``commit_batch`` applies a batch of ops in ONE transaction and bumps the
   one counter inside it, so offsets are dense and in commit order; an op refused on purpose
@@ -19,7 +19,7 @@ nodes on one database). The contract both keep (docs/PROTOCOL.md §6, docs/SCALE
   batch itself is wrong (:func:`is_transient`); while writes are refused, the StorageActor
   probes the engine with :func:`probe_write` so readiness (``/readyz``) returns without
   traffic;
-- readers: ``run(fn, *args)`` runs a query function of ``agentik.storage.queries`` with a pooled
+- readers: ``run(fn, *args)`` runs a query function of ``agentik.storage.sqlite.queries`` with a pooled
   connection in a worker thread (the functions are written once, in SQL both engines accept);
   ``outbox_page`` is the one read whose SQL differs.
 """
@@ -27,13 +27,13 @@ nodes on one database). The contract both keep (docs/PROTOCOL.md §6, docs/SCALE
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agentik.storage.reads import Reads
 
 if TYPE_CHECKING:
     from agentik.storage import ops
-    from agentik.storage.writer import BatchResult, StoredEvent
-
-R = TypeVar("R")
+    from agentik.storage.types import BatchResult
 
 
 def is_postgres_url(target: str) -> bool:
@@ -100,16 +100,6 @@ class WriterEngine(Protocol):
     def close(self) -> None: ...
 
 
-class ReaderEngine(Protocol):
-    """Read connections used from worker threads."""
-
-    async def run(self, fn: Callable[..., R], *args: Any) -> R: ...
-
-    async def outbox_page(
-        self, after: int, conversation_id: str | None, kind: str | None, limit: int
-    ) -> tuple[int, int, list[StoredEvent]]:
-        """One consistent read: (oldest retained offset, head, events after ``after`` matching
-        the filter, at most ``limit``)."""
-        ...
-
-    def close(self) -> None: ...
+#: the read side of either engine (``reads.Reads``: typed calls, each engine's own SQL); its
+#: connection type is the engine's own, which nothing outside the engine touches
+ReaderEngine = Reads[Any]

@@ -34,8 +34,7 @@ import trio
 
 from agentik.errors import OutboxGapError
 from agentik.storage.engine import ReaderEngine
-from agentik.storage.queries import has_conversation_events
-from agentik.storage.writer import StoredEvent
+from agentik.storage.types import StoredEvent
 from agentik.wire import CommonEvent, Cursor, Deleted, OnlineEvent, event_type
 
 REPLAY_PAGE = 1000
@@ -247,7 +246,7 @@ class EventHub:
     async def has_events_after(self, conversation_id: str, after: Cursor) -> bool:
         """Whether the stored outbox holds events of ``conversation_id`` after ``after`` (e.g. the
         Deleted of a conversation that is gone now)."""
-        return await self.reader.run(has_conversation_events, conversation_id, after.offset)
+        return await self.reader.has_conversation_events(conversation_id, after.offset)
 
     async def events(
         self, after: Cursor | None, *, conversation_id: str | None = None, kind: str | None = None

@@ -1,7 +1,7 @@
 """Write operations the StorageActor accepts: a closed union of frozen structs.
 
-Each op is applied inside the batch transaction by :func:`agentik.storage.sqlite_ops.apply_op`
-(PostgreSQL: planned by ``pg_writer``); every durable event it produces takes the next value of
+Each op is applied inside the batch transaction by :func:`agentik.storage.sqlite.ops.apply_op`
+(PostgreSQL: planned by ``pg.writer``); every durable event it produces takes the next value of
 the counter, and the state rows it writes carry that same value, so ``event offset == record
 seq`` holds by construction. Ops carry no timestamps: every time stored by a batch is the
 writer's clock at that batch (one value per transaction).

@@ -1,7 +1,7 @@
 """The ops of the SQLite writer (``writer.Writer``), applied inside its batch transaction.
 
 One function per op, dispatched by :func:`apply_op` (the PostgreSQL engine plans the same ops in
-``pg_writer``); the rows they write are ``sqlite_rows``'. An op refused on purpose raises
+``pg.writer``); the rows they write are ``sqlite.rows``'. An op refused on purpose raises
 AgentikError: the batch's SAVEPOINT rolls back its rows and hands its seqs back.
 """
 
@@ -16,10 +16,9 @@ import msgspec
 from agentik.errors import ConflictError, IdempotencyKeyReusedError
 from agentik.ids import new_id
 from agentik.storage import ops
-from agentik.storage.sqlite_rows import (
+from agentik.storage.sqlite.rows import (
     QUEUED,
     RUNNING,
-    StoredEvent,
     Tx,
     alloc,
     append_memory,
@@ -30,7 +29,6 @@ from agentik.storage.sqlite_rows import (
     journal,
     not_found,
     read_record,
-    row_to_conversation,
     touch,
     write_rows,
 )
@@ -54,8 +52,6 @@ from agentik.wire import (
     decode_working_item,
     encode,
 )
-
-__all__ = ["StoredEvent", "Tx", "apply_all", "apply_op", "row_to_conversation"]
 
 
 def _create(conn: sqlite3.Connection, tx: Tx, op: ops.CreateConversation) -> ConversationRecord:
@@ -123,7 +119,7 @@ def _start_turn(conn: sqlite3.Connection, tx: Tx, op: ops.StartTurn) -> None:
 
 def _stored(conn: sqlite3.Connection, op: ops.Recheckable) -> Any:
     """A rechecked op's result when its first attempt is stored (``ops.rechecked``; planned as
-    ``pg_plan_ops._stored``): one of its records is in the journal, or (a FinishTurn) its turn
+    ``pg.plan_ops._stored``): one of its records is in the journal, or (a FinishTurn) its turn
     row is gone; else None."""
     conversation_exists(conn, op.conversation_id)
     ids = ops.journal_ids(op)

@@ -27,10 +27,10 @@ import trio
 from agentik import metrics
 from agentik.errors import StorageError
 from agentik.storage.hub import EventHub
-from agentik.storage.pg_connect import DEFAULT_TIMEOUT
-from agentik.storage.pg_listen import listen
-from agentik.storage.pg_reader import PgReader
-from agentik.storage.writer import StoredEvent
+from agentik.storage.pg.connect import DEFAULT_TIMEOUT
+from agentik.storage.pg.listen import listen
+from agentik.storage.pg.reader import PgReader
+from agentik.storage.types import StoredEvent
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Feed:
     def __init__(self, url: str, channel: str, reader: PgReader, hub: EventHub,
                  writer: Any = None) -> None:
         self.url = url
-        #: this node's writer (``pg_writer.PgWriter``): its own commits reach the feed through
+        #: this node's writer (``pg.writer.PgWriter``): its own commits reach the feed through
         #: :meth:`own`, so their NOTIFYs (sent by its ``backend_pid``) wake nothing
         self.writer = writer
         self.channel = channel

@@ -6,7 +6,7 @@ fencing (SCALEOUT.md, "Conversation ownership").
 - ``conv_owner(conversation_id, node_id, fence)``: a conversation's owner. A node claims it
   before it starts its actor (create, cold load); the claim succeeds when there is no owner, the
   owner is this node, or the owner is not live, and a takeover bumps the fence. The writer checks
-  the fence inside each commit statement (``pg_writer``): a zombie's write is refused.
+  the fence inside each commit statement (``pg.writer``): a zombie's write is refused.
 - A node that could not heartbeat for 0.6 TTL stops its own actors (their turns end with their
   terminal record while its fence is still good) before any other node can take its leases: the
   fence guards database writes, not model or tool side effects.
@@ -31,7 +31,7 @@ import trio
 from agentik import metrics
 from agentik.errors import LeaseLostError, NotOwnerError, StorageError
 from agentik.storage import ops
-from agentik.storage.pg_connect import connect
+from agentik.storage.pg.connect import connect
 
 log = logging.getLogger(__name__)
 

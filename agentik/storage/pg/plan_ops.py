@@ -1,6 +1,6 @@
-"""Planning a PostgreSQL batch, op by op (``pg_plan``): one function per op, each checking
+"""Planning a PostgreSQL batch, op by op (``pg.plan``): one function per op, each checking
 first (a refusal, AgentikError, takes nothing, so it leaves no hole), then adding its rows to the
-:class:`~agentik.storage.pg_plan.Plan`. :func:`plan_op` dispatches by the op's exact type."""
+:class:`~agentik.storage.pg.plan.Plan`. :func:`plan_op` dispatches by the op's exact type."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from agentik.errors import (
 )
 from agentik.ids import new_id
 from agentik.storage import ops
-from agentik.storage.pg_plan import Conv, Found, Plan, Result, const
+from agentik.storage.pg.plan import Conv, Found, Plan, Result, const
 from agentik.wire import (
     AssistantMessageEvent,
     CompactionTriggered,

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from agentik.storage.schema import apply_migrations
+from agentik.storage.migrations import apply_migrations
 
 SCHEMA_VERSION = 5
 

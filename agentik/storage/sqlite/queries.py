@@ -1,65 +1,51 @@
-"""Read side: plain synchronous SQL over read-only connections, run in worker threads by
-:class:`Reader`. WAL lets these run while the writer commits; each function reads inside one
-transaction, so what it returns is one consistent snapshot of the database."""
+"""The SQLite read side's SQL (``reads.Queries``): plain synchronous functions over a read-only
+connection, run in worker threads by ``sqlite.reader.Reader``. WAL lets these run while the
+writer commits; each reads inside one transaction, so what it returns is one consistent
+snapshot of the database."""
 
 from __future__ import annotations
 
 import sqlite3
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
-import trio
-
-from agentik.errors import StorageError
-from agentik.storage.writer import StoredEvent, open_connection, row_to_conversation
-from agentik.wire import (
-    ConversationRecord,
-    MessageRecord,
-    WorkingItem,
-    decode_message,
-    decode_working_item,
+from agentik.storage.types import (
+    A2A_TASK_COLUMNS,
+    CONVERSATION_COLUMNS,
+    MESSAGE_COLUMNS,
+    A2ATaskRow,
+    StoredEvent,
+    a2a_task_of,
+    conversation_of,
+    message_of,
 )
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-_CONVERSATION_COLUMNS = "id, title, is_temporal, created_at, updated_at, seq"
-
-
-def _message_row(row: tuple[Any, ...]) -> MessageRecord:
-    return MessageRecord(
-        id=row[0], seq=row[1], conversation_id=row[2], created_at=row[3],
-        message=decode_message(row[4]),
-    )
+from agentik.wire import ConversationRecord, MessageRecord, WorkingItem, decode_working_item
 
 
 def get_conversation(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecord | None:
     row = conn.execute(
-        f"SELECT {_CONVERSATION_COLUMNS} FROM conversation WHERE id=?", (conversation_id,)
+        f"SELECT {CONVERSATION_COLUMNS} FROM conversation WHERE id=?", (conversation_id,)
     ).fetchone()
-    return row_to_conversation(row) if row else None
+    return conversation_of(row) if row else None
 
 
 def list_conversations(conn: sqlite3.Connection, offset: int, limit: int) -> list[ConversationRecord]:
     rows = conn.execute(
-        f"SELECT {_CONVERSATION_COLUMNS} FROM conversation ORDER BY updated_at DESC, id "
+        f"SELECT {CONVERSATION_COLUMNS} FROM conversation ORDER BY updated_at DESC, id "
         "LIMIT ? OFFSET ?",
         (limit, offset),
     ).fetchall()
-    return [row_to_conversation(r) for r in rows]
+    return [conversation_of(r) for r in rows]
 
 
 def get_messages(
     conn: sqlite3.Connection, conversation_id: str, after_seq: int, offset: int, limit: int
 ) -> list[MessageRecord]:
     rows = conn.execute(
-        "SELECT id, seq, conversation_id, created_at, payload FROM message "
+        f"SELECT {MESSAGE_COLUMNS} FROM message "
         "WHERE conversation_id=? AND seq > ? ORDER BY seq LIMIT ? OFFSET ?",
         (conversation_id, after_seq, limit, offset),
     ).fetchall()
-    return [_message_row(r) for r in rows]
+    return [message_of(r) for r in rows]
 
 
 def journal(
@@ -69,7 +55,7 @@ def journal(
     up_to_seq: int | None,
     limit: int,
 ) -> list[MessageRecord]:
-    sql = "SELECT id, seq, conversation_id, created_at, payload FROM message WHERE seq > ?"
+    sql = f"SELECT {MESSAGE_COLUMNS} FROM message WHERE seq > ?"
     args: list[Any] = [after_seq]
     if conversation_id is not None:
         sql += " AND conversation_id=?"
@@ -79,7 +65,7 @@ def journal(
         args.append(up_to_seq)
     sql += " ORDER BY seq LIMIT ?"
     args.append(limit)
-    return [_message_row(r) for r in conn.execute(sql, args).fetchall()]
+    return [message_of(r) for r in conn.execute(sql, args).fetchall()]
 
 
 def journal_count(conn: sqlite3.Connection, conversation_id: str | None, after_seq: int) -> int:
@@ -156,47 +142,22 @@ def idempotency_key(conn: sqlite3.Connection, key: str, now: float) -> tuple[str
     return None if row is None else (str(row[0]), str(row[1]))
 
 
-@dataclass(frozen=True, slots=True)
-class A2ATaskRow:
-    """One stored A2A task: ``payload`` is its A2A Task JSON; ``first_seq`` the offset of its
-    first event, ``seq`` of its last change."""
-
-    id: str
-    context_id: str
-    conversation_id: str | None
-    state: str
-    created_at: float
-    updated_at: float
-    first_seq: int
-    seq: int
-    payload: bytes
-
-
-_A2A_TASK_COLUMNS = (
-    "id, context_id, conversation_id, state, created_at, updated_at, first_seq, seq, payload"
-)
-
-
-def _a2a_task_row(row: tuple[Any, ...]) -> A2ATaskRow:
-    return A2ATaskRow(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], bytes(row[8]))
-
-
 def get_a2a_task(conn: sqlite3.Connection, task_id: str) -> A2ATaskRow | None:
     row = conn.execute(
-        f"SELECT {_A2A_TASK_COLUMNS} FROM a2a_task WHERE id=?", (task_id,)
+        f"SELECT {A2A_TASK_COLUMNS} FROM a2a_task WHERE id=?", (task_id,)
     ).fetchone()
-    return _a2a_task_row(row) if row else None
+    return a2a_task_of(row) if row else None
 
 
 def latest_a2a_task_of_context(conn: sqlite3.Connection, context_id: str) -> A2ATaskRow | None:
     """The context's most recently created task (its conversation is the context's), or None for
     a context no task has used yet."""
     row = conn.execute(
-        f"SELECT {_A2A_TASK_COLUMNS} FROM a2a_task WHERE context_id=? "
+        f"SELECT {A2A_TASK_COLUMNS} FROM a2a_task WHERE context_id=? "
         "ORDER BY first_seq DESC LIMIT 1",
         (context_id,),
     ).fetchone()
-    return _a2a_task_row(row) if row else None
+    return a2a_task_of(row) if row else None
 
 
 def list_a2a_tasks(
@@ -226,75 +187,19 @@ def list_a2a_tasks(
             page_cond += (" AND " if cond else " WHERE ") + "first_seq < ?"
             page_args.append(before_first_seq)
         rows = conn.execute(
-            f"SELECT {_A2A_TASK_COLUMNS} FROM a2a_task{page_cond} ORDER BY first_seq DESC LIMIT ?",
+            f"SELECT {A2A_TASK_COLUMNS} FROM a2a_task{page_cond} ORDER BY first_seq DESC LIMIT ?",
             [*page_args, limit],
         ).fetchall()
     finally:
         conn.execute("COMMIT")
-    return [_a2a_task_row(r) for r in rows], int(total)
+    return [a2a_task_of(r) for r in rows], int(total)
 
 
 def a2a_tasks_in_states(conn: sqlite3.Connection, states: tuple[str, ...]) -> list[A2ATaskRow]:
     """Every task in one of ``states`` (start-up: the tasks a dead process left running)."""
     marks = ", ".join("?" for _ in states)
     rows = conn.execute(
-        f"SELECT {_A2A_TASK_COLUMNS} FROM a2a_task WHERE state IN ({marks}) ORDER BY first_seq",
+        f"SELECT {A2A_TASK_COLUMNS} FROM a2a_task WHERE state IN ({marks}) ORDER BY first_seq",
         states,
     ).fetchall()
-    return [_a2a_task_row(r) for r in rows]
-
-
-class Reader:
-    """A small pool of read connections used from worker threads.
-
-    ``run(fn, *args)`` runs ``fn(conn, *args)`` in a thread with a pooled connection and converts
-    sqlite3 errors to StorageError. Concurrency is bounded by a CapacityLimiter so a burst of reads
-    cannot take every worker thread.
-    """
-
-    def __init__(self, path: str, max_connections: int = 4, busy_timeout: float = 10.0) -> None:
-        self.path = path
-        self.busy_timeout = busy_timeout
-        self._pool: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
-        self._limiter = trio.CapacityLimiter(max_connections)
-        self._closed = False
-
-    def _acquire(self) -> sqlite3.Connection:
-        with self._lock:
-            if self._pool:
-                return self._pool.pop()
-        return open_connection(self.path, readonly=True, busy_timeout=self.busy_timeout)
-
-    def _release(self, conn: sqlite3.Connection) -> None:
-        with self._lock:
-            if not self._closed:
-                self._pool.append(conn)
-                return
-        conn.close()
-
-    def _call(self, fn: Callable[..., R], *args: Any) -> R:
-        conn = self._acquire()
-        try:
-            return fn(conn, *args)
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.rollback()
-            raise StorageError(f"read failed: {exc}") from exc
-        finally:
-            self._release(conn)
-
-    async def run(self, fn: Callable[..., R], *args: Any) -> R:
-        return await trio.to_thread.run_sync(self._call, fn, *args, limiter=self._limiter)
-
-    async def outbox_page(
-        self, after: int, conversation_id: str | None, kind: str | None, limit: int
-    ) -> tuple[int, int, list[StoredEvent]]:
-        return await self.run(outbox_page, after, conversation_id, kind, limit)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            pool, self._pool = self._pool, []
-        for conn in pool:
-            conn.close()
+    return [a2a_task_of(r) for r in rows]

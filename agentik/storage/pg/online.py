@@ -18,8 +18,8 @@ import psycopg
 import trio
 
 from agentik.storage.hub import EventHub
-from agentik.storage.pg_connect import DEFAULT_TIMEOUT, connect
-from agentik.storage.pg_listen import listen
+from agentik.storage.pg.connect import DEFAULT_TIMEOUT, connect
+from agentik.storage.pg.listen import listen
 from agentik.wire import CommonEvent, OnlineEvent, decode_common_event, encode
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class OnlineRelay:
     def __init__(self, url: str, channel: str, node_id: str, hub: EventHub,
                  timeout: float = DEFAULT_TIMEOUT) -> None:
         self.url = url
-        #: AGENTIK_DB_TIMEOUT (``pg_connect``)
+        #: AGENTIK_DB_TIMEOUT (``pg.connect``)
         self.timeout = timeout
         self.channel = channel
         self.node_id = node_id

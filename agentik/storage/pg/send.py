@@ -28,7 +28,7 @@ from psycopg import abc, pq
 from psycopg.abc import Buffer
 from psycopg.adapt import PyFormat, Transformer
 
-from agentik.storage.pg_connect import gave_up
+from agentik.storage.pg.connect import gave_up
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[bs]")
 
@@ -162,7 +162,7 @@ class Sender:
 
     def remaining(self) -> float | None:
         """Seconds left for the statement in flight to answer: the connection's
-        ``answer_within`` (``pg_connect.Connection``) from when it was sent; None: no limit."""
+        ``answer_within`` (``pg.connect.Connection``) from when it was sent; None: no limit."""
         within: float | None = getattr(self._conn, "answer_within", None)
         if within is None:
             return None

@@ -3,12 +3,12 @@
 Planned from one read of the rows the batch touches (``PgWriter._load``). Each op is checked
 first and refused (AgentikError) before it takes anything, so a refusal never leaves a hole; then
 it adds rows at batch-relative offsets ``rel`` (1..n), stored at ``base + rel`` by the commit
-statement (``pg_statement``); each op's function is in ``pg_plan_ops``. The offset is known only
-inside the statement, so outbox payloads carry offset 0 (readers stamp it, ``pg_reader.stamp``);
+statement (``pg.statement``); each op's function is in ``pg.plan_ops``. The offset is known only
+inside the statement, so outbox payloads carry offset 0 (readers stamp it, ``pg.queries.stamp``);
 results (:data:`Result`) and this node's events (:meth:`Plan.events`) are built from ``base``
 after commit.
 
-The rows are kept as columns (one typed list a column, ``pg_arrays``: what the statement sends,
+The rows are kept as columns (one typed list a column, ``pg.arrays``: what the statement sends,
 with no per-row tuple to make and take apart), and a journal record's event (``Plan.journal``)
 as what it is made of: after commit it is made once, stamped, and is also the op's result; its
 published bytes are its stored payload with the offsets written in (:func:`_splice`), and its
@@ -27,9 +27,9 @@ import msgspec
 from agentik.errors import (
     NotFoundError,
 )
-from agentik.storage.pg_arrays import Byteas, Int8s, Texts
-from agentik.storage.pg_reader import stamp
-from agentik.storage.writer import StoredEvent
+from agentik.storage.pg.arrays import Byteas, Int8s, Texts
+from agentik.storage.pg.queries import stamp
+from agentik.storage.types import StoredEvent
 from agentik.wire import (
     AgentEvent,
     CommonEvent,
@@ -116,7 +116,7 @@ class Plan:
     conv: dict[str, Conv | None] = field(default_factory=dict)
     #: the outbox rows, a column each: rel, conversation_id, kind, payload (the CommonEvent
     #: encoded with offset 0), and how its event is made after commit: the CommonEvent (stamped
-    #: by ``pg_reader.stamp``), or for a journal record (its event class, message id, message,
+    #: by ``pg.queries.stamp``), or for a journal record (its event class, message id, message,
     #: where the payload carries its seq)
     o_rel: Int8s = field(default_factory=Int8s)
     o_cid: Texts = field(default_factory=Texts)

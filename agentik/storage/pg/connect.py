@@ -12,7 +12,7 @@ connection gets, from ``AGENTIK_DB_TIMEOUT`` (``timeout``):
   waits for a lock longer (SQLSTATE 57014 / 55P03, both transient for ``engine.is_transient``: the
   store refuses writes for now, ``/readyz`` says why, the writer probes until it accepts them);
 - the writer's commit statement is also waited for at most :func:`answer_within` on the client
-  side (``pg_send``): a server that stopped answering altogether (a frozen host) runs no timer of
+  side (``pg.send``): a server that stopped answering altogether (a frozen host) runs no timer of
   its own. The connection is then dropped, and whether that statement committed is unknown.
   Every other wait on a connection made here (reads, lease statements) is bounded the same way
   (:class:`Connection`).

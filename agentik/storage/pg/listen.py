@@ -17,7 +17,7 @@ import trio
 import trio.lowlevel
 from psycopg import sql
 
-from agentik.storage.pg_connect import DEFAULT_TIMEOUT, connect
+from agentik.storage.pg.connect import DEFAULT_TIMEOUT, connect
 
 log = logging.getLogger(__name__)
 

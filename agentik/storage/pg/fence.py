@@ -1,6 +1,6 @@
-"""Fencing: the lease checks every PostgreSQL commit carries (a cluster node, ``pg_lease``).
+"""Fencing: the lease checks every PostgreSQL commit carries (a cluster node, ``pg.lease``).
 
-For the conversations of a batch, the commit statement (``pg_statement``) checks that this node's
+For the conversations of a batch, the commit statement (``pg.statement``) checks that this node's
 fences are still current (a conversation it holds) and that no other live node owns one it holds
 no lease for. A batch failing a check stores nothing; :func:`refusals` then reads the owners to
 decide which ops to refuse and why (LeaseLostError: the local actor is stopped; NotOwnerError:
@@ -16,7 +16,7 @@ import psycopg
 
 from agentik.errors import AgentikError, LeaseLostError, NotOwnerError
 from agentik.storage import ops
-from agentik.storage.pg_plan import Plan
+from agentik.storage.pg.plan import Plan
 
 #: SQL condition: conversation ``c`` is owned by another live node (params ``me``, ``ttl``)
 LIVE_OTHER_OWNER = (

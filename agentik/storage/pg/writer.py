@@ -1,12 +1,12 @@
 """The PostgreSQL writer: one connection (autocommit), used from one worker thread at a time.
 
-A batch is planned in Python (``pg_plan``) from one read of the rows it touches (``_load``), then
-committed by ONE statement (``pg_statement``) that bumps the single counter row and stores every
-row at ``base + rel``, with the lease checks of a cluster node inside it (``pg_fence``). One
+A batch is planned in Python (``pg.plan``) from one read of the rows it touches (``_load``), then
+committed by ONE statement (``pg.statement``) that bumps the single counter row and stores every
+row at ``base + rel``, with the lease checks of a cluster node inside it (``pg.fence``). One
 statement is one round trip, and the counter's row lock is held only while the server runs it,
 so offsets are dense and in commit order across nodes (SCALEOUT.md). The batch's events, stamped
 with their offsets, go back with the result: the feed publishes them straight away when nothing
-of another node's came before them (``pg_feed.Feed.own``), else it reads them from the outbox.
+of another node's came before them (``pg.feed.Feed.own``), else it reads them from the outbox.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ import psycopg
 
 from agentik.errors import AgentikError, StorageError, StorageOutcomeUnknownError
 from agentik.storage import ops
-from agentik.storage.pg_arrays import Int8s
-from agentik.storage.pg_connect import DEFAULT_TIMEOUT, connect, set_limits
-from agentik.storage.pg_fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
-from agentik.storage.pg_flight import Flight, resolve, seed_after
-from agentik.storage.pg_plan import Conv, Plan
-from agentik.storage.pg_plan_ops import plan_op, read_found
-from agentik.storage.pg_schema import channel, migrate
-from agentik.storage.pg_send import Sender
-from agentik.storage.pg_statement import commit_statement
-from agentik.storage.writer import BatchResult
+from agentik.storage.pg.arrays import Int8s
+from agentik.storage.pg.connect import DEFAULT_TIMEOUT, connect, set_limits
+from agentik.storage.pg.fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
+from agentik.storage.pg.flight import Flight, resolve, seed_after
+from agentik.storage.pg.plan import Conv, Plan
+from agentik.storage.pg.plan_ops import plan_op, read_found
+from agentik.storage.pg.schema import channel, migrate
+from agentik.storage.pg.send import Sender
+from agentik.storage.pg.statement import commit_statement
+from agentik.storage.types import BatchResult
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,12 @@ class PgWriter:
         clock: Callable[[], float] = time.time, timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         self.url = url
-        #: AGENTIK_DB_TIMEOUT (``pg_connect``)
+        #: AGENTIK_DB_TIMEOUT (``pg.connect``)
         self.timeout = timeout
         self.clock = clock
         self.outbox_cap = outbox_cap
         self.outbox_ttl = outbox_ttl
-        #: the node's leases (``pg_lease.Leases``); None: no ownership checks (one node)
+        #: the node's leases (``pg.lease.Leases``); None: no ownership checks (one node)
         self.leases: Any = None
         #: conversation rows as this writer's last commits left them: a batch touching only
         #: these needs no read before its statement (each is checked inside the statement, so

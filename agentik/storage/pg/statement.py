@@ -1,4 +1,4 @@
-"""The one statement that commits a planned PostgreSQL batch (``pg_plan.Plan``).
+"""The one statement that commits a planned PostgreSQL batch (``pg.plan.Plan``).
 
 A data-modifying CTE: ``c`` bumps the single counter row by the number of offsets the batch uses
 (its lock is held only while the server runs this statement, never across a round trip or Python
@@ -19,11 +19,11 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from agentik.storage.pg_arrays import Bools, Byteas, Float8s, Int8s, Texts
-from agentik.storage.pg_fence import Ownership
-from agentik.storage.pg_plan import Plan
+from agentik.storage.pg.arrays import Bools, Byteas, Float8s, Int8s, Texts
+from agentik.storage.pg.fence import Ownership
+from agentik.storage.pg.plan import Plan
 
-#: the lease checks (``pg_fence``): this node's fences still current, no live other owner
+#: the lease checks (``pg.fence``): this node's fences still current, no live other owner
 _F = """f AS (SELECT x.conversation_id FROM conv_owner x
     JOIN unnest(%(f_cid)b::text[], %(f_fence)b::bigint[]) AS r(cid, fence) ON x.conversation_id = r.cid
     WHERE x.node_id = %(me)s AND x.fence = r.fence FOR SHARE OF x)"""
@@ -135,7 +135,7 @@ _TYPED: dict[str, type[list[Any]]] = {"bigint": Int8s, "int": Int8s, "text": Tex
 
 @lru_cache(maxsize=256)
 def _array_types(sql: str) -> tuple[tuple[str, type[list[Any]]], ...]:
-    """Each array parameter of ``sql`` and the typed list it is sent as (``pg_arrays``)."""
+    """Each array parameter of ``sql`` and the typed list it is sent as (``pg.arrays``)."""
     return tuple((m.group(1), _TYPED[m.group(2)]) for m in _ARRAY_PARAM.finditer(sql))
 
 

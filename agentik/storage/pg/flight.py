@@ -1,7 +1,7 @@
 """A PostgreSQL batch in flight, and planning the next one while it runs.
 
 The writer thread (``committer``) keeps the server busy: while batch k's statement runs on the
-server (sent by ``pg_send.Sender``), the thread takes batch k+1 and plans it in Python
+server (sent by ``pg.send.Sender``), the thread takes batch k+1 and plans it in Python
 (``PgWriter.follow``) as if k had committed: its conversation rows are k's plan's rows as k
 leaves them. No read is made for it, so only a batch whose plan needs nothing but those rows (or
 rows the writer remembers, ``PgWriter._known``) can follow: ops on existing conversations with
@@ -10,7 +10,7 @@ rechecked retry, ``ops.rechecked``, each need a read first).
 
 Why it is safe: k+1 is sent only after k's answer came back and only when k committed exactly as
 planned (``Flight.exact``); else k+1 is planned again from a read. And the statement of k+1
-checks every row it took from k or from memory (``pg_statement``'s ``k`` part: the row's seq and
+checks every row it took from k or from memory (``pg.statement``'s ``k`` part: the row's seq and
 its last working-memory index), so a row changed by anybody else in between makes k+1 store
 nothing and be planned again from a read (``PgWriter.land``).
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentik.storage import ops
-from agentik.storage.pg_plan import Conv, Plan
+from agentik.storage.pg.plan import Conv, Plan
 
 #: ops whose plan needs only the rows of the conversation they name (by exact type: an
 #: ``isinstance`` goes through msgspec's metaclass)
@@ -39,7 +39,7 @@ Known = tuple[str, int | Conv, int]
 class Flight:
     ops: list[ops.AnyOp]
     plan: Plan
-    #: per op: ``pg_plan.Result`` (a function of the base offset), or the AgentikError refusing it
+    #: per op: ``pg.plan.Result`` (a function of the base offset), or the AgentikError refusing it
     results: list[Any]
     known: list[Known] = field(default_factory=list)
     #: the flight this one was planned after (``PgWriter.follow``), until it is sent
@@ -48,7 +48,7 @@ class Flight:
     base: int | None = None
     #: landed as planned (not planned again after a failed check): a flight may follow it
     exact: bool = False
-    #: a followed flight's statement, dumped while the flight before ran (``pg_send.Dumped``)
+    #: a followed flight's statement, dumped while the flight before ran (``pg.send.Dumped``)
     dumped: Any = None
 
 

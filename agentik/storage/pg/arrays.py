@@ -1,6 +1,6 @@
 """Row arrays of the commit statement, dumped in PostgreSQL's binary array format in one pass.
 
-A commit statement carries ~20 arrays of up to a few hundred elements (``pg_statement``).
+A commit statement carries ~20 arrays of up to a few hundred elements (``pg.statement``).
 psycopg's generic list dumper scans each list for its element type and dumps each element
 through a per-element dumper call; the statement knows its element types, so each array is a
 typed list (:class:`Int8s`, :class:`Texts`, ...) whose dumper writes the whole array at once:

@@ -1,4 +1,4 @@
-"""Row-level writes of the SQLite writer's ops (``sqlite_ops``), inside the batch transaction:
+"""Row-level writes of the SQLite writer's ops (``sqlite.ops``), inside the batch transaction:
 a durable event with its outbox row at the next seq (``emit``), a journal record, a working
 memory item, the conversation's seq bump, a whole conversation's deletion (with its A2A tasks).
 
@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from agentik.errors import NotFoundError
+from agentik.storage.types import CONVERSATION_COLUMNS, StoredEvent, conversation_of
 from agentik.wire import (
     AgentEvent,
     CommonEvent,
@@ -34,56 +35,8 @@ from agentik.wire import (
     MessageRecord,
     Touched,
     WorkingItem,
-    decode_common_event,
-    decode_type_only,
     encode,
-    event_type,
 )
-
-
-class StoredEvent(msgspec.Struct, gc=False):
-    """A committed durable event with its encoded CommonEvent JSON (what SSE sends as data).
-
-    ``event`` may be given as None when only ``raw`` is at hand (a page read from the outbox):
-    it is then decoded from ``raw`` on first use, so a transport that sends the stored bytes
-    (SSE, WebSocket) never decodes them; ``type`` (the event's tag, the SSE ``event:`` name) reads
-    just the tag. A replay of 100k events spent most of its time decoding events nobody looked
-    at, and collecting the garbage the decoded objects made (issue 13). A msgspec Struct (built
-    in C, ~0.1 us) and not tracked by the garbage collector (``gc=False``: it refers to its
-    event and bytes only, never to itself), since a replay makes one per event.
-    """
-
-    offset: int
-    conversation_id: str | None
-    kind: str  # "agent", "conversation" or "a2a"
-    _event: CommonEvent | None
-    raw: bytes
-
-    @property
-    def event(self) -> CommonEvent:
-        event = self._event
-        if event is None:
-            # Two threads may both decode: they get equal values, either one is kept.
-            event = self._event = decode_common_event(self.raw)
-        return event
-
-    @property
-    def type(self) -> str:
-        """The event's ``type`` tag, without decoding the event if it is not decoded yet."""
-        event = self._event
-        if event is None:
-            return decode_type_only(self.raw).event.type
-        return event_type(event.event)
-
-    @staticmethod
-    def types_of(batch: list[StoredEvent]) -> list[str]:
-        """``[ev.type for ev in batch]`` in one loop with no call per event but the tag's decode
-        (a replay names every frame from it: ~0.3 us per event less than the property)."""
-        read = decode_type_only
-        return [
-            read(ev.raw).event.type if ev._event is None else event_type(ev._event.event)
-            for ev in batch
-        ]
 
 
 @dataclass
@@ -346,16 +299,8 @@ def delete_conversation(conn: sqlite3.Connection, tx: Tx, conversation_id: str, 
 def read_record(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecord:
     """The conversation's row (its seq as stored: only ever read right after the op set it)."""
     row = conn.execute(
-        "SELECT id, title, is_temporal, created_at, updated_at, seq FROM conversation WHERE id=?",
-        (conversation_id,),
+        f"SELECT {CONVERSATION_COLUMNS} FROM conversation WHERE id=?", (conversation_id,)
     ).fetchone()
     if row is None:
         raise not_found(conversation_id)
-    return row_to_conversation(row)
-
-
-def row_to_conversation(row: tuple[Any, ...]) -> ConversationRecord:
-    return ConversationRecord(
-        id=row[0], title=row[1], is_temporal=bool(row[2]), created_at=row[3], updated_at=row[4],
-        seq=row[5],
-    )
+    return conversation_of(row)

@@ -6,7 +6,7 @@ time (the actor awaits each batch before it starts the next).
 gap-free: the batch first runs with no SAVEPOINT (the common case: nothing refused); if an op is
 refused, the transaction is rolled back and the batch runs again with each op in its own SAVEPOINT.
 Any sqlite3 error fails the whole batch, which is rolled back and acknowledged to nobody. The ops
-themselves are in ``sqlite_ops``.
+themselves are in ``sqlite.ops``.
 """
 
 from __future__ import annotations
@@ -16,34 +16,17 @@ import math
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from agentik.errors import AgentikError, StorageError
 from agentik.storage import ops
-from agentik.storage.dblock import lock_database
-from agentik.storage.schema import migrate
-from agentik.storage.sqlite_ops import (
-    StoredEvent,
-    Tx,
-    apply_all,
-    apply_op,
-    row_to_conversation,
-)
-from agentik.storage.sqlite_rows import write_outbox, write_rows, write_seqs
-
-#: re-exported: what readers, the hub and the agent import from here
-__all__ = ["BatchResult", "StoredEvent", "Writer", "open_connection", "row_to_conversation"]
+from agentik.storage.sqlite.dblock import lock_database
+from agentik.storage.sqlite.ops import Tx, apply_all, apply_op
+from agentik.storage.sqlite.rows import write_outbox, write_rows, write_seqs
+from agentik.storage.sqlite.schema import migrate
+from agentik.storage.types import BatchResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BatchResult:
-    results: list[Any]  # per op: a value, or an AgentikError instance
-    events: list[StoredEvent]
-    oldest: int  # lowest retained offset (head + 1 when the outbox is empty)
-    head: int
 
 
 def open_connection(path: str, *, synchronous: str = "FULL", readonly: bool = False,

@@ -1,0 +1,129 @@
+"""The read side's calls, typed and written once for both engines: each runs its engine's own
+SQL (``sqlite/queries.py``, ``pg/queries.py``: the functions :class:`Queries` names) in a worker
+thread with a pooled connection (the engine's :meth:`Reads._read`), so what it returns is one
+consistent snapshot of the database."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Concatenate, Generic, ParamSpec, Protocol, TypeVar
+
+from agentik.storage.types import A2ATaskRow, StoredEvent
+from agentik.wire import ConversationRecord, MessageRecord, WorkingItem
+
+C = TypeVar("C")
+C_contra = TypeVar("C_contra", contravariant=True)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: one outbox read: (oldest retained offset, head, the events after the cursor)
+Page = tuple[int, int, list[StoredEvent]]
+
+
+class Queries(Protocol[C_contra]):
+    """An engine's read functions (a module), each given a connection of its own kind."""
+
+    def get_conversation(self, conn: C_contra, conversation_id: str, /
+                         ) -> ConversationRecord | None: ...
+
+    def list_conversations(self, conn: C_contra, offset: int, limit: int, /
+                           ) -> list[ConversationRecord]: ...
+
+    def get_messages(self, conn: C_contra, conversation_id: str, after_seq: int, offset: int,
+                     limit: int, /) -> list[MessageRecord]: ...
+
+    def journal(self, conn: C_contra, conversation_id: str | None, after_seq: int,
+                up_to_seq: int | None, limit: int, /) -> list[MessageRecord]: ...
+
+    def journal_count(self, conn: C_contra, conversation_id: str | None, after_seq: int, /
+                      ) -> int: ...
+
+    def working_memory(self, conn: C_contra, conversation_id: str, /
+                       ) -> list[tuple[int, WorkingItem]]: ...
+
+    def outbox_page(self, conn: C_contra, after: int, conversation_id: str | None,
+                    kind: str | None, limit: int, /) -> Page: ...
+
+    def has_conversation_events(self, conn: C_contra, conversation_id: str, after: int, /
+                                ) -> bool: ...
+
+    def idempotency_key(self, conn: C_contra, key: str, now: float, /
+                        ) -> tuple[str, str] | None: ...
+
+    def get_a2a_task(self, conn: C_contra, task_id: str, /) -> A2ATaskRow | None: ...
+
+    def latest_a2a_task_of_context(self, conn: C_contra, context_id: str, /
+                                   ) -> A2ATaskRow | None: ...
+
+    def list_a2a_tasks(self, conn: C_contra, context_id: str | None, state: str | None,
+                       before_first_seq: int | None, limit: int, /
+                       ) -> tuple[list[A2ATaskRow], int]: ...
+
+    def a2a_tasks_in_states(self, conn: C_contra, states: tuple[str, ...], /
+                            ) -> list[A2ATaskRow]: ...
+
+
+class Reads(ABC, Generic[C]):
+    """The :class:`~agentik.storage.engine.ReaderEngine` calls over an engine's ``queries``."""
+
+    queries: Queries[C]
+
+    @abstractmethod
+    async def _read(self, fn: Callable[Concatenate[C, P], R], *args: P.args,
+                    **kwargs: P.kwargs) -> R:
+        """``fn(conn, *args)`` in a worker thread with a pooled connection. Raises
+        StorageError."""
+
+    async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        return await self._read(self.queries.get_conversation, conversation_id)
+
+    async def list_conversations(self, offset: int, limit: int) -> list[ConversationRecord]:
+        return await self._read(self.queries.list_conversations, offset, limit)
+
+    async def get_messages(self, conversation_id: str, after_seq: int, offset: int, limit: int
+                           ) -> list[MessageRecord]:
+        return await self._read(self.queries.get_messages, conversation_id, after_seq, offset,
+                                limit)
+
+    async def journal(self, conversation_id: str | None, after_seq: int, up_to_seq: int | None,
+                      limit: int) -> list[MessageRecord]:
+        return await self._read(self.queries.journal, conversation_id, after_seq, up_to_seq,
+                                limit)
+
+    async def journal_count(self, conversation_id: str | None, after_seq: int) -> int:
+        return await self._read(self.queries.journal_count, conversation_id, after_seq)
+
+    async def working_memory(self, conversation_id: str) -> list[tuple[int, WorkingItem]]:
+        return await self._read(self.queries.working_memory, conversation_id)
+
+    async def outbox_page(self, after: int, conversation_id: str | None, kind: str | None,
+                          limit: int) -> Page:
+        """One consistent read: (oldest retained offset, head, events after ``after`` matching
+        the filter, at most ``limit``)."""
+        return await self._read(self.queries.outbox_page, after, conversation_id, kind, limit)
+
+    async def has_conversation_events(self, conversation_id: str, after: int) -> bool:
+        return await self._read(self.queries.has_conversation_events, conversation_id, after)
+
+    async def idempotency_key(self, key: str, now: float) -> tuple[str, str] | None:
+        """(fingerprint, result_id) stored under an Idempotency-Key that has not expired."""
+        return await self._read(self.queries.idempotency_key, key, now)
+
+    async def get_a2a_task(self, task_id: str) -> A2ATaskRow | None:
+        return await self._read(self.queries.get_a2a_task, task_id)
+
+    async def latest_a2a_task_of_context(self, context_id: str) -> A2ATaskRow | None:
+        return await self._read(self.queries.latest_a2a_task_of_context, context_id)
+
+    async def list_a2a_tasks(self, context_id: str | None, state: str | None,
+                             before_first_seq: int | None, limit: int
+                             ) -> tuple[list[A2ATaskRow], int]:
+        return await self._read(self.queries.list_a2a_tasks, context_id, state,
+                                before_first_seq, limit)
+
+    async def a2a_tasks_in_states(self, states: tuple[str, ...]) -> list[A2ATaskRow]:
+        return await self._read(self.queries.a2a_tasks_in_states, states)
+
+    @abstractmethod
+    def close(self) -> None: ...
