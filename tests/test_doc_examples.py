@@ -12,7 +12,8 @@ stream stops after the turn's last event) and print something.
   ``trio.run(main)`` replaced by ``asyncio.run(main())``.
 - README.md's blocks must run on the bare install (``pip install -e .``, no extras): they run
   a second time with the extras' modules made unimportable.
-- No doc names a file outside the repo (``../shared``), "SPEC" or "the seeds".
+- No doc names a file outside the repo (``../shared``, this machine's ``/work/``), "SPEC" or
+  "the seeds".
 - The sample ``mcp.json`` of docs/TOOLS.md parses, and its Python server gives the model the
   tool names the doc says.
 """
@@ -155,7 +156,7 @@ async def test_python_block_runs_as_pasted(
 def test_no_doc_names_a_file_outside_the_repo() -> None:
     for path in DOCS:
         text = path.read_text()
-        for word in ("../shared", "SPEC", "seeds"):
+        for word in ("../shared", "SPEC", "seeds", "/work/"):
             assert word not in text, f"{path.relative_to(ROOT)} names {word!r}"
 
 
