@@ -92,8 +92,7 @@ SUMMARY_PROMPT = (
 
 def compact_op(conversation_id: str, plan: Compact, summary: str | None) -> ops.Compact:
     """The op replacing the planned items; without a summary (the model could not make one) the
-    old turns are dropped without one (the first version's behaviour) rather than overflowing the
-    window."""
+    old turns are dropped without one rather than overflowing the window."""
     return ops.Compact(conversation_id=conversation_id, before_order_idx=plan.before_order_idx,
                        summary=SummaryItem(text=summary) if summary else None,
                        dropped=len(plan.dropped))
