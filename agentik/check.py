@@ -3,7 +3,8 @@
 One line per item, ``ok`` or ``failed`` and why: the settings, the database (there and
 writable), the model (the openai endpoint lists its models or answers a one-token request; the
 litert engine loads the model file), each MCP server (started, its tools listed). The exit status
-is 0 only when every item is usable.
+is 0 only when every item is usable, 2 when one failed for a bad setting (a value, or an extra
+the setting needs that is not installed), else 1.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import trio
 
 from agentik.config import Config
-from agentik.errors import AgentikError
+from agentik.errors import AgentikError, ConfigError
 
 #: seconds each item may take (a model or MCP server that does not answer is a failure)
 ITEM_TIMEOUT = 30.0
@@ -25,14 +26,16 @@ class Item:
     name: str
     ok: bool
     detail: str
+    #: failed for a bad setting (ConfigError): fixed by changing a setting or installing an extra
+    bad_setting: bool = False
 
     def line(self) -> str:
         return f"{'ok' if self.ok else 'failed':<6} {self.name}: {self.detail}"
 
 
-async def run_checks(config: Config, emit: Callable[[Item], None]) -> bool:
-    """Check everything, calling ``emit`` with each item as it is known; True when all are
-    usable."""
+async def run_checks(config: Config, emit: Callable[[Item], None]) -> int:
+    """Check everything, calling ``emit`` with each item as it is known; the exit status (see
+    the module docstring)."""
     items = [Item("config", True, _describe(config))]
     emit(items[0])
     for name, check in (("database", _database), ("model", _model)):
@@ -42,7 +45,9 @@ async def run_checks(config: Config, emit: Callable[[Item], None]) -> bool:
     for item in await _mcp(config):
         items.append(item)
         emit(item)
-    return all(item.ok for item in items)
+    if all(item.ok for item in items):
+        return 0
+    return 2 if any(item.bad_setting for item in items) else 1
 
 
 def _describe(config: Config) -> str:
@@ -58,6 +63,8 @@ async def _timed(name: str, check: Callable[[Config], object], config: Config) -
             detail = await check(config)  # type: ignore[misc]
     except trio.TooSlowError:
         return Item(name, False, f"no answer within {ITEM_TIMEOUT:g} s")
+    except ConfigError as exc:
+        return Item(name, False, str(exc), bad_setting=True)
     except AgentikError as exc:
         return Item(name, False, str(exc))
     except Exception as exc:  # a check must report, never crash

@@ -78,7 +78,7 @@ def _version() -> str:
 
 def _check() -> int:
     """``agentik check``: one line per item; 0 when all are usable, 1 when one is not, 2 for a
-    bad setting (as ``agentik serve``)."""
+    bad setting or a missing extra (as ``agentik serve``)."""
     from agentik.check import Item, run_checks
 
     try:
@@ -91,7 +91,7 @@ def _check() -> int:
     def emit(item: Item) -> None:
         print(item.line(), flush=True)
 
-    return 0 if trio.run(run_checks, config, emit) else 1
+    return trio.run(run_checks, config, emit)
 
 
 def _chat(args: argparse.Namespace) -> int:

@@ -21,6 +21,11 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 BUSY_POLICIES = ("queue", "reject", "interrupt")
 
 
+#: ``AGENTIK_DB_TIMEOUT``'s default, seconds (here, not in the PostgreSQL modules: SQLite uses it
+#: too, and the bare install has no psycopg)
+DEFAULT_DB_TIMEOUT = 10.0
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
     port: int = 8080
@@ -105,7 +110,7 @@ class Config:
     lease_ttl: float = 10.0
     #: seconds a database statement may run or wait for a lock before it fails (PostgreSQL:
     #: statement and lock timeouts, and the longest wait for an answer; SQLite: busy timeout)
-    db_timeout: float = 10.0
+    db_timeout: float = DEFAULT_DB_TIMEOUT
     #: this node's base URL as other nodes reach it (commands for its conversations are forwarded)
     node_url: str | None = None
     #: the server process's garbage collector: once started, everything made so far is frozen

@@ -9,7 +9,8 @@ in-process agent catches the same classes over HTTP::
 
     AgentikError                   500 internal (the code of a class not in HTTP_ERRORS)
      ├── ConfigError               500 config      a bad configuration value; names the variable
-     │     raised by: Config.from_env, open_runtime (backend choice), the llm backends' set-up
+     │     raised by: Config.from_env, open_runtime (backend choice), the llm backends' set-up,
+     │                storage (missing_extra: a setting whose optional dependency is not installed)
      ├── InvalidInputError         400 invalid_input  input that fails validation (msgspec's message)
      │   │ raised by: the Agent API (limits, empty content), api.decode_input, Cursor.parse,
      │   │            the web routes (query parameters, frames), the client (bad arguments)
@@ -90,6 +91,15 @@ class ConfigError(AgentikError):
     def __init__(self, variable: str, message: str) -> None:
         super().__init__(f"{variable}: {message}")
         self.variable = variable
+
+
+def missing_extra(variable: str, needs: str, extra: str, exc: ImportError) -> ConfigError:
+    """The error of a setting (``variable``) that ``needs`` an optional dependency which is not
+    installed: one line naming the extra to install. From a checkout (``-e .``), because the name
+    ``agentik`` on the package index belongs to an unrelated project."""
+    missing = f"no module named {exc.name!r}" if exc.name else str(exc)
+    return ConfigError(variable, f"{needs}, which is not installed ({missing}): "
+                                 f"pip install -e '.[{extra}]'")
 
 
 class InvalidInputError(AgentikError):

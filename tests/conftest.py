@@ -57,7 +57,7 @@ def pg_available() -> str | None:
     try:
         import psycopg
     except ImportError:
-        return "psycopg is not installed (pip install 'agentik[postgres]')"
+        return "psycopg is not installed (pip install -e '.[postgres]')"
     try:
         psycopg.connect(PG_BASE_URL, connect_timeout=3).close()
     except psycopg.Error as exc:

@@ -140,7 +140,7 @@ def test_config_without_the_package_says_what_to_install(
     model.write_bytes(b"x")
     with pytest.raises(ConfigError) as info:
         make_llm(Config(llm_backend="litert", litert_model_path=str(model)))
-    assert "pip install 'agentik[litert]'" in str(info.value)
+    assert "pip install -e '.[litert]'" in str(info.value)
     assert "litert-lm-api" in str(info.value)
 
 

@@ -30,18 +30,19 @@ from typing import Any
 import trio
 from trio.lowlevel import current_task, wait_task_rescheduled
 
-from agentik.errors import (
-    RuntimeClosedError,
-)
+from agentik.config import DEFAULT_DB_TIMEOUT
+from agentik.errors import RuntimeClosedError, missing_extra
 from agentik.storage import ops
 from agentik.storage.committer import PROBE, Committer, Done, Outcome, Request
 from agentik.storage.engine import ReaderEngine, WriterEngine
 from agentik.storage.health import RETRY, Backoff, StorageHealth, retry_until_stored
 from agentik.storage.hub import EventHub
 from agentik.storage.outcomes import deliver
-from agentik.storage.pg.connect import DEFAULT_TIMEOUT
 from agentik.storage.sqlite.reader import Reader
 from agentik.storage.sqlite.writer import Writer
+
+#: the top-level modules the ``postgres`` extra installs
+POSTGRES_EXTRA = ("psycopg", "psycopg_pool")
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ async def run_storage(
     node_id: str = "",
     lease_ttl: float = 10.0,
     node_url: str | None = None,
-    db_timeout: float = DEFAULT_TIMEOUT,
+    db_timeout: float = DEFAULT_DB_TIMEOUT,
     synchronous: str = "FULL",
     outbox_cap: int = 100_000,
     outbox_ttl: float = 7 * 24 * 3600.0,
@@ -266,9 +267,15 @@ async def _open_postgres(
     url: str, *, node_id: str, lease_ttl: float, node_url: str | None, outbox_cap: int,
     outbox_ttl: float, clock: Callable[[], float], db_timeout: float,
 ) -> _Engines:
-    from agentik.storage.pg.lease import Leases
-    from agentik.storage.pg.reader import PgReader
-    from agentik.storage.pg.writer import PgWriter
+    try:  # the PostgreSQL modules import psycopg: the bare install has none
+        from agentik.storage.pg.lease import Leases
+        from agentik.storage.pg.reader import PgReader
+        from agentik.storage.pg.writer import PgWriter
+    except ImportError as exc:
+        if exc.name is not None and exc.name.partition(".")[0] not in POSTGRES_EXTRA:
+            raise  # not the extra's: a bug of ours, not a missing install
+        raise missing_extra("AGENTIK_DATABASE_URL", "PostgreSQL needs psycopg", "postgres",
+                            exc) from None
 
     pg_writer = await trio.to_thread.run_sync(
         lambda: PgWriter(url, outbox_cap=outbox_cap, outbox_ttl=outbox_ttl, clock=clock,

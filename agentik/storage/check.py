@@ -10,7 +10,7 @@ import sqlite3
 import tempfile
 
 from agentik.config import Config
-from agentik.errors import StorageError
+from agentik.errors import StorageError, missing_extra
 
 
 def check_database(config: Config, timeout: float = 5.0) -> str:
@@ -55,7 +55,8 @@ def _check_postgres(url: str, timeout: float) -> str:
     try:
         import psycopg
     except ImportError as exc:
-        raise StorageError(f"PostgreSQL needs the postgres extra: {exc}") from None
+        raise missing_extra("AGENTIK_DATABASE_URL", "PostgreSQL needs psycopg", "postgres",
+                            exc) from None
     try:
         with psycopg.connect(url, connect_timeout=max(1, int(timeout))) as conn:
             read_only = conn.execute("SHOW transaction_read_only").fetchone()

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from agentik.context import estimate_item, item_text, output_budget
-from agentik.errors import ConfigError, LlmConnectionError, LlmError, LlmResponseError
+from agentik.errors import (
+    ConfigError,
+    LlmConnectionError,
+    LlmError,
+    LlmResponseError,
+    missing_extra,
+)
 from agentik.llm.base import ToolSpec
 from agentik.llm.boundary import ErrorTable, map_exceptions
 from agentik.llm.litert.conversation import LiteRtConversation
@@ -32,7 +38,7 @@ __all__ = ["INSTALL_HINT", "LiteRtLlm", "import_litert"]
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'agentik[litert]' (the litert-lm-api package)"
+INSTALL_HINT = "pip install -e '.[litert]' (the litert-lm-api package)"
 
 
 def import_litert() -> Any:
@@ -112,11 +118,8 @@ class LiteRtLlm:
         try:
             import_litert()
         except ImportError as exc:
-            raise ConfigError(
-                "AGENTIK_LLM_BACKEND",
-                f"the litert backend needs the LiteRT-LM engine, which is not installed ({exc}): "
-                f"{INSTALL_HINT}",
-            ) from exc
+            raise missing_extra("AGENTIK_LLM_BACKEND", "the litert backend needs the LiteRT-LM "
+                                "engine (the litert-lm-api package)", "litert", exc) from None
         raw = cfg.litert_model_path
         if not raw:
             raise ConfigError(

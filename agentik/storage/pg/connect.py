@@ -28,8 +28,10 @@ from typing import Any
 
 import psycopg
 
+from agentik.config import DEFAULT_DB_TIMEOUT
+
 #: ``AGENTIK_DB_TIMEOUT``'s default, seconds
-DEFAULT_TIMEOUT = 10.0
+DEFAULT_TIMEOUT = DEFAULT_DB_TIMEOUT
 
 
 #: what psycopg's waits raise when their timeout expires (internal to psycopg, an
