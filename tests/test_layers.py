@@ -50,7 +50,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.parking: how its bodies wait between a live stream's tokens
     "front": ("agentik.web", "agentik.a2a", "agentik.sse", "agentik.parking"),
     "client": ("agentik.client",),
-    "cli": ("agentik.cli", "agentik.check"),
+    "cli": ("agentik.cli", "agentik.__main__", "agentik.check"),
 }
 
 #: group -> the groups it may import (besides itself): the picture in docs/ARCHITECTURE.md
