@@ -1,5 +1,5 @@
 """Shared fixtures: a scripted OpenAI-compatible server on 127.0.0.1 and a config pointing at it
-with a fresh SQLite file per test."""
+with a fresh SQLite file per test; the time limit of the tests marked slow."""
 
 from __future__ import annotations
 
@@ -13,6 +13,16 @@ import pytest
 
 from agentik.config import Config
 from tests.scripted_openai import ScriptedOpenAI, open_scripted_openai
+
+#: seconds a test marked ``slow`` may take (the default, pyproject's ``timeout``, is for the rest)
+SLOW_TIMEOUT = 900
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A slow test without its own ``@pytest.mark.timeout`` gets :data:`SLOW_TIMEOUT`."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
 
 
 @pytest.fixture

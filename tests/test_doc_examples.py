@@ -101,14 +101,10 @@ def runs_under_asyncio(block: Block) -> bool:
 
 
 BLOCKS = [block for path in DOCS for block in python_blocks(path)]
-
-#: until the bare install runs the server (issue 25: psycopg is still imported at start-up)
-BARE_PENDING = pytest.mark.xfail(reason="psycopg is imported at start-up (issue 25)", strict=False)
 RUNS = [
     *(pytest.param(b, "trio", id=b.id) for b in BLOCKS),
     *(pytest.param(b, "asyncio", id=b.id + "-asyncio") for b in BLOCKS if runs_under_asyncio(b)),
-    *(pytest.param(b, "bare", id=b.id + "-bare", marks=BARE_PENDING)
-      for b in BLOCKS if b.doc in BARE_DOCS),
+    *(pytest.param(b, "bare", id=b.id + "-bare") for b in BLOCKS if b.doc in BARE_DOCS),
 ]
 
 
