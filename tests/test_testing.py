@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
 
-import agentik
 from agentik.errors import LlmResponseError
 from agentik.llm.base import FinishDelta, LlmDelta, ReasoningDelta, TextDelta, ToolCallDelta, ToolSpec
 from agentik.testing import Delta, FunctionLlm, ScriptedLlm
@@ -72,26 +70,3 @@ async def test_a_scripted_llm_out_of_replies_fails_the_round() -> None:
     await round_of(llm)
     with pytest.raises(LlmResponseError, match="no reply left"):
         await round_of(llm)
-
-
-async def test_the_readme_example_runs(tmp_path: Path) -> None:
-    """The README's snippet, with its ``...`` filled by one turn."""
-    (snippet,) = re.findall(r"```python\n(from agentik.testing.*?)```", README.read_text(), re.S)
-    tools = agentik.FunctionTools()
-    tools.add(lambda a, b: a + b, name="add")
-    config = agentik.Config(db_path=str(tmp_path / "a.db"))
-    code = snippet.replace("    ...\n", "    conv = await agent.create_conversation()\n"
-                           "    await conv.send('2+3?')\n"
-                           "    await done(agent, conv.id)\n")
-    code = "async def example():\n" + "".join("    " + line + "\n" for line in code.splitlines())
-
-    async def done(agent: agentik.LocalAgent, conversation_id: str) -> None:
-        cursor = agentik.Cursor(epoch=agent.id, offset=0)
-        with trio.fail_after(10):
-            async for ev in agent.outbox.conversation_events(cursor, conversation_id):
-                if ev.type == "assistant_message":
-                    return
-
-    scope: dict[str, object] = {"agentik": agentik, "config": config, "tools": tools, "done": done}
-    exec(code, scope)
-    await scope["example"]()  # type: ignore[operator]
