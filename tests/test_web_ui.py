@@ -8,18 +8,12 @@ test task changes the world (opens a gate of the scripted model, restarts the se
 refuses the page's connections at the proxy). Every page is watched: an uncaught error, or a
 request to anything but the server, fails the test when its session closes.
 
-Needs Debian's ``chromium`` and the ``playwright`` package (no browser download). Without them
-the browser tests are skipped, except under CI, where they fail.
+The browser: tests/browser.py.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
-import queue
 import re
-import shutil
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -32,6 +26,7 @@ import trio
 
 from agentik.config import Config
 from agentik.tools.base import FunctionTools
+from tests.browser import SCREENSHOT, WAIT_MS, BrowserThread, browser_for_module, needs_browser
 from tests.scripted_openai import Fail, Hang, Reply, ScriptedOpenAI, ToolCalls, open_scripted_openai
 from tests.tcp_proxy import TcpProxy, open_tcp_proxy
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
@@ -43,40 +38,16 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
 )
 
 try:
-    from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
-except ImportError:  # pragma: no cover - reported by the skip below
-    sync_playwright = None
+    from playwright.sync_api import Browser, BrowserContext, Page, expect
+except ImportError:  # pragma: no cover - the tests are skipped (tests/browser.py)
+    pass
 
 T = TypeVar("T")
 
-CHROMIUM = os.environ.get("AGENTIK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-]
-#: a step that takes longer than this has hung (playwright's own timeouts are shorter)
-STEP_TIMEOUT = 40.0
-#: how long playwright waits for a condition
-WAIT_MS = 10_000
-IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
-#: set to a path (e.g. docs/ui.png) to save the screenshot the tools test takes
-SCREENSHOT = os.environ.get("AGENTIK_UI_SCREENSHOT")
 
-
-def _browser_missing() -> str | None:
-    if sync_playwright is None:
-        return "the playwright package is not installed (pip install playwright)"
-    if not os.path.exists(CHROMIUM):
-        return f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"
-    return None
-
-
-MISSING = _browser_missing()
-if MISSING is None:
-    expect.set_options(timeout=WAIT_MS)
-needs_browser = pytest.mark.skipif(
-    MISSING is not None and not IN_CI, reason=f"the web chat tests need a browser: {MISSING}"
-)
+@pytest.fixture(scope="module")
+def browser_thread() -> Iterator[BrowserThread]:
+    yield from browser_for_module()
 
 STATUS = '[data-testid="connection-status"]'
 MESSAGES = '[data-testid="message"]:not([data-draft])'
@@ -84,60 +55,6 @@ DRAFT = '[data-testid="message"][data-draft]'
 ITEMS = '[data-testid="conversation-item"]'
 INPUT = '[data-testid="message-input"]'
 ASSISTANT = '[data-testid="message"][data-role="assistant"]:not([data-draft])'
-
-
-# --- the browser thread --------------------------------------------------------------------------
-
-
-class BrowserThread:
-    """Chromium in a thread of its own; ``await call(fn)`` runs ``fn(browser)`` there."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.Queue[tuple[Callable[[Any], Any], concurrent.futures.Future[Any]] | None]
-        self._jobs = queue.Queue()
-        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._main, name="playwright", daemon=True)
-        self._thread.start()
-        self._ready.result(timeout=60)  # a launch failure is raised here
-
-    def _main(self) -> None:
-        try:
-            assert sync_playwright is not None, MISSING
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                self._ready.set_result(None)
-                while (job := self._jobs.get()) is not None:
-                    fn, future = job
-                    if not future.set_running_or_notify_cancel():
-                        continue
-                    try:
-                        future.set_result(fn(browser))
-                    except BaseException as exc:
-                        future.set_exception(exc)
-                browser.close()
-        except BaseException as exc:
-            if not self._ready.done():
-                self._ready.set_exception(exc)
-
-    async def call(self, fn: Callable[[Browser], T]) -> T:
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._jobs.put((fn, future))
-        return await trio.to_thread.run_sync(future.result, STEP_TIMEOUT, abandon_on_cancel=True)
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(30)
-
-
-@pytest.fixture(scope="module")
-def browser_thread() -> Iterator[BrowserThread]:
-    if MISSING is not None:
-        pytest.fail(f"CI must run the web chat tests, but {MISSING}")
-    bt = BrowserThread()
-    try:
-        yield bt
-    finally:
-        bt.close()
 
 
 @dataclass
@@ -186,14 +103,16 @@ class Session:
 
 @asynccontextmanager
 async def open_session(
-    bt: BrowserThread, base: str, viewport: dict[str, int] | None = None
+    bt: BrowserThread, base: str, viewport: dict[str, int] | None = None,
+    permissions: list[str] | None = None,
 ) -> AsyncIterator[Session]:
     session = Session(bt, base)
     if viewport:
         session.viewport = viewport
 
     def start(browser: Browser) -> None:
-        session.context = browser.new_context(viewport=session.viewport)
+        session.context = browser.new_context(viewport=session.viewport,
+                                              permissions=permissions or [])
         session.context.set_default_timeout(WAIT_MS)
 
     await bt.call(start)
@@ -331,7 +250,7 @@ async def test_the_page_and_its_files_are_served_with_a_strict_policy(tmp_path: 
             assert js.headers["content-type"].startswith("text/javascript")
             assert (await c.get("/agentik/ui/app.js", headers={"If-None-Match": js.headers["etag"]})
                     ).status_code == 304
-            for name in ("style.css", "markdown.js", "sync.js", "store.js", "api.js"):
+            for name in ("style.css", "markdown.js", "inline.js", "sync.js", "store.js", "api.js"):
                 assert (await c.get(f"/agentik/ui/{name}")).status_code == 200, name
             missing = await c.get("/agentik/ui/nothing.js")
             assert missing.status_code == 404
@@ -514,6 +433,60 @@ async def test_tool_calls_errors_and_stop(tmp_path: Path, browser_thread: Browse
                 page.screenshot(path=SCREENSHOT)
 
         await s.run(stop)
+
+
+TABLE_ANSWER = """Here is the plan:
+
+| step | who | minutes |
+|:-----|:---:|--------:|
+| write the **tests** | me | 30 |
+| fix `it` | you | 5 |
+
+```python
+def add(a, b):
+    return a + b  # <b>not bold</b>
+```
+"""
+
+
+@needs_browser
+async def test_a_table_renders_and_a_code_block_copies(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    async with open_stack(tmp_path) as stack, open_session(
+        browser_thread, stack.base, permissions=["clipboard-read", "clipboard-write"]
+    ) as s:
+        stack.openai.push(Reply(TABLE_ANSWER))
+
+        def step() -> None:
+            page = s.page("/")
+            wait_live(page)
+            send(page, "a plan, please")
+            answer = page.locator(ASSISTANT)
+            expect(answer).to_have_count(1)
+            expect(page.locator(DRAFT)).to_have_count(0)  # late live chunks made no second one
+            table = answer.locator("table")
+            expect(table.locator("thead th")).to_have_text(["step", "who", "minutes"])
+            expect(table.locator("tbody tr")).to_have_count(2)
+            expect(table.locator("tbody tr").first.locator("td")).to_have_text(
+                ["write the tests", "me", "30"])
+            expect(table.locator("tbody strong")).to_have_text("tests")
+            expect(table.locator("tbody code")).to_have_text("it")
+            aligns = table.locator("tbody tr").first.locator("td").evaluate_all(
+                "tds => tds.map(td => getComputedStyle(td).textAlign)")
+            assert aligns == ["left", "center", "right"], aligns
+            assert "|" not in answer.inner_text()
+            code = "def add(a, b):\n    return a + b  # <b>not bold</b>"
+            expect(answer.locator("pre code")).to_have_text(code)
+            copy = answer.get_by_test_id("copy-code")
+            expect(copy).to_have_text("Copy")
+            copy.click()
+            expect(copy).to_have_text("Copied")
+            assert page.evaluate("() => navigator.clipboard.readText()") == code
+            if SCREENSHOT:
+                page.screenshot(path=SCREENSHOT.replace(".png", "-table.png"))
+
+        await s.run(step)
 
 
 @needs_browser

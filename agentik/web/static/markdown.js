@@ -4,18 +4,26 @@
 // so `<img onerror=...>` or `<script>` in an answer shows up as those characters. Links keep
 // only http:, https: and mailto: targets; images are shown as links (an image would make the
 // browser fetch whatever the model names). Supported: paragraphs (single newlines are line
-// breaks), headings, fenced and indented code blocks, block quotes, ordered and unordered lists
-// (nested by indentation), horizontal rules, **bold**, *italic*, ~~strike~~, `code`, [links](url),
-// <autolinks> and bare http(s) URLs, backslash escapes. An unterminated code fence (an answer
-// still streaming) runs to the end of the text.
+// breaks), headings, fenced and indented code blocks (with a copy button), block quotes, ordered
+// and unordered lists (nested by indentation), tables (GitHub's pipe tables, with alignment),
+// horizontal rules, and inline (inline.js): **bold**, *italic*, ~~strike~~, `code`,
+// [links](url), <autolinks> and bare http(s) URLs, backslash escapes. An unterminated code fence
+// (an answer still streaming) runs to the end of the text. The time taken is linear in the text
+// (inline.js says how; a block is decided from its own line and the next).
 
-const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)[^`]*$/;
-const HEADING = /^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$/;
+import { MAX_DEPTH, renderInline } from "./inline.js";
+
+// Block starts are matched at the line's start only; what follows is taken apart by hand (a
+// regex with a lazy or optional middle part and an end anchor is quadratic on long lines).
+const FENCE = /^ {0,3}(`{3,}|~{3,})/;
+const HEADING = /^ {0,3}(#{1,6})(?:[ \t]|$)/;
 const RULE = /^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$/;
 const QUOTE = /^ {0,3}> ?/;
 const ITEM = /^( *)([-*+]|\d{1,9}[.)])([ \t]+|$)(.*)$/;
 const INDENTED = /^(?: {4}|\t)/;
-const MAX_DEPTH = 8;
+const DELIMITER_CELL = /^[ \t]*(:?)-+(:?)[ \t]*$/;
+// wider "tables" are shown as text
+const MAX_COLUMNS = 64;
 
 /** Render `text` as Markdown into a DocumentFragment. */
 export function renderMarkdown(text) {
@@ -43,18 +51,17 @@ function renderBlocks(lines, parent, depth) {
       continue;
     }
     let m;
-    if ((m = FENCE.exec(line))) {
-      const marker = m[1];
+    if ((m = fenceAt(line))) {
       const body = [];
       i++;
-      while (i < lines.length && !isFenceEnd(lines[i], marker)) body.push(lines[i++]);
+      while (i < lines.length && !isFenceEnd(lines[i], m.marker)) body.push(lines[i++]);
       i++; // the closing fence (or past the end)
-      parent.append(codeBlock(body.join("\n"), m[2]));
+      parent.append(codeBlock(body.join("\n"), m.lang));
       continue;
     }
-    if ((m = HEADING.exec(line))) {
-      const h = el(`h${Math.min(6, m[1].length + 2)}`, "md-h");
-      renderInline(m[2] ?? "", h, depth);
+    if ((m = headingAt(line))) {
+      const h = el(`h${Math.min(6, m.level + 2)}`, "md-h");
+      renderInline(m.text, h, depth);
       parent.append(h);
       i++;
       continue;
@@ -88,22 +95,49 @@ function renderBlocks(lines, parent, depth) {
       parent.append(codeBlock(body.join("\n"), ""));
       continue;
     }
-    // A paragraph: up to a blank line or the start of another block.
+    if (tableAt(lines, i)) {
+      i = renderTable(lines, i, parent, depth);
+      continue;
+    }
+    // A paragraph: up to a blank line or the start of another block (a table too).
     const body = [line];
     i++;
-    while (i < lines.length && !blank(lines[i]) && !startsBlock(lines[i])) body.push(lines[i++]);
+    while (i < lines.length && !blank(lines[i]) && !startsBlock(lines[i]) && !tableAt(lines, i)) {
+      body.push(lines[i++]);
+    }
+    // One text for the whole paragraph (emphasis may span its lines); its newlines are shown
+    // as line breaks by the style (white-space: pre-line), not as one <br> node each.
     const p = el("p");
-    body.forEach((text, n) => {
-      if (n > 0) p.append(el("br"));
-      renderInline(text.trim(), p, depth);
-    });
+    renderInline(body.map((text) => text.trim()).join("\n"), p, depth);
     parent.append(p);
   }
 }
 
 function startsBlock(line) {
-  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line)
+  return fenceAt(line) !== null || HEADING.test(line) || RULE.test(line) || QUOTE.test(line)
     || ITEM.test(line);
+}
+
+/** A code fence's opening line: its marker and the info string's first word (no backticks
+ * after the marker), or null. */
+function fenceAt(line) {
+  const m = FENCE.exec(line);
+  if (!m) return null;
+  const info = line.slice(m[0].length);
+  if (info.includes("`")) return null;
+  return { marker: m[1], lang: info.trim().split(/\s/, 1)[0] };
+}
+
+/** An ATX heading: its level and its text without the closing #s, or null. */
+function headingAt(line) {
+  const m = HEADING.exec(line);
+  if (!m) return null;
+  let text = line.slice(m[0].length).trim();
+  let end = text.length;
+  while (end > 0 && text[end - 1] === "#") end--;
+  if (end === 0) text = "";
+  else if (text[end - 1] === " " || text[end - 1] === "\t") text = text.slice(0, end).trimEnd();
+  return { level: m[1].length, text };
 }
 
 function isFenceEnd(line, marker) {
@@ -113,12 +147,116 @@ function isFenceEnd(line, marker) {
 }
 
 function codeBlock(text, lang) {
+  const box = el("div", "md-codeblock");
   const pre = el("pre", "md-code");
   const code = el("code");
   if (lang && /^[\w+#.-]{1,32}$/.test(lang)) code.dataset.lang = lang;
   code.textContent = text;
   pre.append(code);
-  return pre;
+  const copy = el("button", "md-copy");
+  copy.type = "button";
+  copy.textContent = "Copy";
+  copy.title = "Copy the code";
+  copy.dataset.testid = "copy-code";
+  copy.addEventListener("click", () => copyCode(code, copy));
+  box.append(copy, pre);
+  return box;
+}
+
+/** Copy the code block's text; without the clipboard API (a page served over plain http to
+ * another host is not a secure context), by selecting it and the browser's copy command. */
+async function copyCode(code, button) {
+  let copied = false;
+  try {
+    await navigator.clipboard.writeText(code.textContent);
+    copied = true;
+  } catch {
+    const range = document.createRange();
+    range.selectNodeContents(code);
+    const selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+    try {
+      copied = document.execCommand("copy");
+    } catch {
+      copied = false;
+    }
+    selection.removeAllRanges();
+  }
+  button.textContent = copied ? "Copied" : "Select and copy";
+  button.dataset.copied = String(copied);
+  setTimeout(() => {
+    button.textContent = "Copy";
+    delete button.dataset.copied;
+  }, 2000);
+}
+
+// --- tables (GitHub's pipe tables) -------------------------------------------------------------
+
+/** A table's cells: the line split at each unescaped `|`, the outer pipes optional. `\|` stays
+ * escaped (the inline renderer shows it as `|`). */
+function cells(line) {
+  const text = line.trim();
+  const out = [];
+  let start = 0;
+  for (let j = 0; j < text.length; j++) {
+    if (text[j] === "\\") j++;
+    else if (text[j] === "|") {
+      out.push(text.slice(start, j));
+      start = j + 1;
+    }
+  }
+  out.push(text.slice(start));
+  if (text.startsWith("|")) out.shift();
+  if (out.length > 1 && out[out.length - 1].trim() === "" && text.endsWith("|")) out.pop();
+  return out.map((cell) => cell.trim());
+}
+
+/** The column alignments if lines[i] is a table's header row and lines[i + 1] its delimiter
+ * row (`| --- | :-: |`: pipes, as many cells as the header), else null. */
+function tableAt(lines, i) {
+  const head = lines[i];
+  const rule = lines[i + 1];
+  if (rule === undefined || !head.includes("|") || !rule.includes("|") || !rule.includes("-")) {
+    return null;
+  }
+  const delimiters = cells(rule);
+  if (delimiters.length > MAX_COLUMNS || cells(head).length !== delimiters.length) return null;
+  const align = [];
+  for (const cell of delimiters) {
+    const m = DELIMITER_CELL.exec(cell);
+    if (!m) return null;
+    align.push(m[1] && m[2] ? "center" : m[2] ? "right" : m[1] ? "left" : "");
+  }
+  return align;
+}
+
+/** The table starting at lines[start]; returns the index of the first line after it. */
+function renderTable(lines, start, parent, depth) {
+  const align = tableAt(lines, start);
+  const row = (line, tag) => {
+    const tr = el("tr");
+    const values = cells(line);
+    align.forEach((how, n) => {
+      const cell = el(tag, how ? `md-${how}` : "");
+      renderInline(values[n] ?? "", cell, depth);
+      tr.append(cell);
+    });
+    return tr;
+  };
+  const table = el("table", "md-table");
+  const head = el("thead");
+  head.append(row(lines[start], "th"));
+  table.append(head);
+  let i = start + 2;
+  const body = el("tbody");
+  while (i < lines.length && !blank(lines[i]) && !startsBlock(lines[i])) body.append(row(lines[i++], "td"));
+  if (body.childNodes.length) table.append(body);
+  // Wide tables scroll on their own, not the page.
+  const wrap = el("div", "md-table-wrap");
+  wrap.append(table);
+  parent.append(wrap);
+  return i;
 }
 
 /** A list starting at lines[start]; returns the index of the first line after it. */
@@ -187,159 +325,3 @@ function leading(line) {
   return line.length - line.trimStart().length;
 }
 
-// --- inline --------------------------------------------------------------------------------------
-
-const ESCAPABLE = "\\`*_{}[]()#+-.!~<>|\"'";
-const SAFE_URL = /^(https?:\/\/|mailto:)/i;
-const BARE_URL = /^https?:\/\/[^\s<>"'`]+/i;
-
-function renderInline(text, parent, depth) {
-  let buffer = "";
-  const flush = () => {
-    if (buffer) parent.append(document.createTextNode(buffer));
-    buffer = "";
-  };
-  let i = 0;
-  while (i < text.length) {
-    const c = text[i];
-    if (c === "\\" && i + 1 < text.length && ESCAPABLE.includes(text[i + 1])) {
-      buffer += text[i + 1];
-      i += 2;
-      continue;
-    }
-    if (c === "`") {
-      const run = /^`+/.exec(text.slice(i))[0];
-      const end = text.indexOf(run, i + run.length);
-      if (end > 0) {
-        flush();
-        const code = el("code");
-        let inner = text.slice(i + run.length, end);
-        if (/^ .* $/.test(inner)) inner = inner.slice(1, -1);
-        code.textContent = inner;
-        parent.append(code);
-        i = end + run.length;
-        continue;
-      }
-      buffer += run;
-      i += run.length;
-      continue;
-    }
-    if (depth < MAX_DEPTH && (c === "*" || c === "_" || c === "~")) {
-      const span = emphasis(text, i);
-      if (span) {
-        flush();
-        const node = el(span.tag);
-        renderInline(span.inner, node, depth + 1);
-        parent.append(node);
-        i = span.end;
-        continue;
-      }
-    }
-    if (c === "!" && text[i + 1] === "[") {
-      // An image: never loaded; shown as a link to it (or its alt text).
-      const link = linkAt(text, i + 1);
-      if (link) {
-        flush();
-        appendLink(parent, link.url, `image: ${link.label || link.url}`, depth, true);
-        i = link.end;
-        continue;
-      }
-    }
-    if (c === "[") {
-      const link = linkAt(text, i);
-      if (link) {
-        flush();
-        appendLink(parent, link.url, link.label, depth, false);
-        i = link.end;
-        continue;
-      }
-    }
-    if (c === "<") {
-      const m = /^<((?:https?:\/\/|mailto:)[^\s<>]+)>/i.exec(text.slice(i));
-      if (m) {
-        flush();
-        appendLink(parent, m[1], m[1], depth, true);
-        i += m[0].length;
-        continue;
-      }
-    }
-    if ((c === "h" || c === "H") && (i === 0 || /[\s(]/.test(text[i - 1]))) {
-      const m = BARE_URL.exec(text.slice(i));
-      if (m) {
-        const url = m[0].replace(/[.,;:!?)\]]+$/, "");
-        flush();
-        appendLink(parent, url, url, depth, true);
-        i += url.length;
-        continue;
-      }
-    }
-    buffer += c;
-    i++;
-  }
-  flush();
-}
-
-function emphasis(text, i) {
-  const c = text[i];
-  const double = text[i + 1] === c;
-  if (c === "~" && !double) return null;
-  const marker = double ? c + c : c;
-  const start = i + marker.length;
-  const next = text[start];
-  if (next === undefined || /\s/.test(next)) return null;
-  // Intraword underscores (snake_case) are not emphasis.
-  if (c === "_" && i > 0 && /\w/.test(text[i - 1])) return null;
-  let j = start;
-  while (true) {
-    j = text.indexOf(marker, j + 1);
-    if (j < 0) return null;
-    if (!/\s/.test(text[j - 1]) && text[j - 1] !== "\\") {
-      if (!double && text[j + 1] === c) {
-        // `*a **b** c*`: skip the inner double marker
-        j += 1;
-        continue;
-      }
-      if (c === "_" && /\w/.test(text[j + marker.length] ?? "")) continue;
-      break;
-    }
-  }
-  const tag = c === "~" ? "del" : double ? "strong" : "em";
-  return { tag, inner: text.slice(start, j), end: j + marker.length };
-}
-
-/** `[label](url)` at text[i] === "[" (brackets may nest), or null. */
-function linkAt(text, i) {
-  let level = 0;
-  let j = i;
-  for (; j < text.length; j++) {
-    const ch = text[j];
-    if (ch === "\\") {
-      j++;
-      continue;
-    }
-    if (ch === "[") level++;
-    else if (ch === "]" && --level === 0) break;
-  }
-  if (j >= text.length || text[j + 1] !== "(") return null;
-  const close = text.indexOf(")", j + 2);
-  if (close < 0) return null;
-  const target = text.slice(j + 2, close).trim();
-  const url = target.split(/\s+/)[0].replace(/^<(.*)>$/, "$1");
-  return { label: text.slice(i + 1, j), url, end: close + 1 };
-}
-
-function appendLink(parent, url, label, depth, plainLabel) {
-  if (!SAFE_URL.test(url)) {
-    // javascript:, data:, relative or anything else: the text only.
-    if (plainLabel) parent.append(document.createTextNode(label));
-    else renderInline(label, parent, depth + 1);
-    return;
-  }
-  const a = el("a");
-  a.href = url;
-  a.target = "_blank";
-  a.rel = "noopener noreferrer nofollow";
-  if (plainLabel) a.textContent = label;
-  else renderInline(label, a, depth + 1);
-  parent.append(a);
-}
