@@ -74,6 +74,10 @@ export class Chat {
     this.draft = null;
     /** the turn the live stream says is running ("?" when it is not known which) */
     this.runningTurn = null;
+    /** the turn of the live stream's last `working` (null: not known since it was subscribed) */
+    this.liveTurn = null;
+    /** ids of the turns whose end is in the journal (an answer, an error or an interruption) */
+    this.answered = new Set();
     this.deleted = false;
   }
 
@@ -86,6 +90,10 @@ export class Chat {
     this.conversation = snapshot.conversation;
     this.records = new Map(snapshot.messages.map((r) => [r.id, r]));
     this.interruptions = new Map();
+    this.answered = new Set();
+    for (const r of this.records.values()) {
+      if (TERMINAL.has(r.message.type) && r.message.turn_id) this.answered.add(r.message.turn_id);
+    }
     this.deleted = false;
     // A draft whose turn is unknown cannot be matched with the snapshot: drop it (a turn still
     // running starts a new one with its next chunk).
@@ -97,6 +105,7 @@ export class Chat {
 
   /** The live stream was (re)subscribed: a draft being streamed has missed chunks. */
   liveGap() {
+    this.liveTurn = null;
     if (this.draft && !this.draft.ended) this.draft.partial = true;
   }
 
@@ -117,16 +126,12 @@ export class Chat {
   }
 
   _answered(turnId) {
-    if (turnId === null || turnId === undefined) return false;
-    if (this.interruptions.has(turnId)) return true;
-    for (const r of this.records.values()) {
-      if (TERMINAL.has(r.message.type) && r.message.turn_id === turnId) return true;
-    }
-    return false;
+    return turnId !== null && turnId !== undefined && this.answered.has(turnId);
   }
 
   /** The turn ended (durable proof): the draft and the running mark of that turn go. */
   _turnOver(turnId) {
+    if (turnId !== null) this.answered.add(turnId);
     if (this.draft && (this.draft.turnId === turnId || this.draft.turnId === null)) this.draft = null;
     if (this.runningTurn === turnId || this.runningTurn === "?") this.runningTurn = null;
   }
@@ -168,13 +173,40 @@ export class Chat {
     const ev = common.event;
     switch (ev.type) {
       case "working":
+        this.liveTurn = ev.turn_id ?? null;
+        if (this._answered(this.liveTurn)) return false; // a late one: its turn is over
         this.runningTurn = ev.turn_id ?? "?";
         if (!this.draft || this.draft.turnId !== (ev.turn_id ?? null)) this._newDraft(ev.turn_id ?? null);
         return true;
       case "start_response":
       case "start_reasoning":
-        this._ensureDraft();
+      case "append_text":
+      case "append_reasoning":
+      case "append_image":
+        // The live and the durable stream are not ordered with each other: chunks of a turn
+        // whose end is already in the journal come late, and the answer shows them already.
+        if (this._answered(this.liveTurn)) return false;
+        return this._appendLive(ev);
+      case "end": {
+        const turnId = ev.turn_id ?? null;
+        if (this.runningTurn === turnId || this.runningTurn === "?") this.runningTurn = null;
+        if (this.draft && (this.draft.turnId === turnId || this.draft.turnId === null)) {
+          // The durable answer replaces the draft (it may be here already); an empty draft has
+          // nothing to wait for.
+          this.draft.ended = true;
+          if (this._answered(turnId) || (!this.draft.text && !this.draft.images.length)) {
+            this.draft = null;
+          }
+        }
+        return true;
+      }
+      default:
         return false;
+    }
+  }
+
+  _appendLive(ev) {
+    switch (ev.type) {
       case "append_text":
         this._ensureDraft().text += ev.text;
         return true;
@@ -184,17 +216,8 @@ export class Chat {
       case "append_image":
         this._ensureDraft().images.push({ data: ev.data, mime: ev.mime });
         return true;
-      case "end": {
-        const turnId = ev.turn_id ?? null;
-        if (this.runningTurn === turnId || this.runningTurn === "?") this.runningTurn = null;
-        if (this.draft && (this.draft.turnId === turnId || this.draft.turnId === null)) {
-          // The durable answer replaces the draft; an empty draft has nothing to wait for.
-          this.draft.ended = true;
-          if (!this.draft.text && !this.draft.images.length) this.draft = null;
-        }
-        return true;
-      }
-      default:
+      default: // start_response, start_reasoning
+        this._ensureDraft();
         return false;
     }
   }
