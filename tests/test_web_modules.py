@@ -217,3 +217,21 @@ async def test_the_answer_replaces_the_draft_whatever_the_order(
 ) -> None:
     state = await browser_thread.call(lambda _b: page.evaluate(STORE, order))
     assert state == {"draft": None, "running": False, "shown": 1}, state
+
+
+@needs_browser
+async def test_the_reconnect_backoff_grows_but_never_past_3_s_while_visible(
+    browser_thread: BrowserThread, page: Page
+) -> None:
+    table = await browser_thread.call(lambda _b: page.evaluate("""async () => {
+      const { retryDelay } = await import('/agentik/ui/sync.js');
+      const row = (hidden, random) => Array.from({ length: 40 }, (_, n) => retryDelay(n, hidden, random));
+      return { visible: [0, 0.5, 0.999].map((r) => row(false, r)),
+               hidden: [0, 0.5, 0.999].map((r) => row(true, r)) };
+    }"""))
+    for rows, most in ((table["visible"], 3000), (table["hidden"], 30000)):
+        for row in rows:
+            assert row == sorted(row), row  # never shorter than the try before
+            assert 200 <= row[0] <= 250 and max(row) <= most, row
+        assert max(rows[0]) == most  # reached
+    assert table["visible"][0][:6] == [250, 500, 1000, 2000, 3000, 3000]

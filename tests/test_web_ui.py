@@ -572,7 +572,7 @@ async def test_server_restart_reconnects_and_resumes_from_the_cursor(
         stack.proxy.refuse = False
 
         def back() -> None:
-            wait_live(page, timeout=25_000)  # by itself, with backoff (up to 10 s a try)
+            wait_live(page)  # by itself: a try at least every 3 s while the page is visible
             expect(page.locator(ASSISTANT)).to_have_count(2)
             expect(page.locator(ASSISTANT).nth(1)).to_have_text(re.compile("echo: while away"))
             send(page, "after the restart")
@@ -585,6 +585,85 @@ async def test_server_restart_reconnects_and_resumes_from_the_cursor(
         assert now["resyncs"] == before["resyncs"]
         assert now["resumes"] >= before["resumes"] + 2
         assert now["connects"] > before["connects"]
+
+
+#: make the page hidden or visible as a browser does when its tab is switched
+SET_VISIBILITY = """(state) => {
+  Object.defineProperty(document, 'visibilityState', { configurable: true, get: () => state });
+  const before = window.agentik.stats.tries;
+  document.dispatchEvent(new Event('visibilitychange'));
+  return window.agentik.stats.tries - before;
+}"""
+#: the browser says the network is back
+ONLINE = """() => {
+  const before = window.agentik.stats.tries;
+  window.dispatchEvent(new Event('online'));
+  return window.agentik.stats.tries - before;
+}"""
+
+
+@needs_browser
+async def test_reconnect_tries_every_3_s_while_visible_and_at_once_when_shown_or_online(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    async with open_stack(tmp_path) as stack, open_session(browser_thread, stack.base) as s:
+
+        def start() -> Page:
+            page = s.page("/")
+            wait_live(page)
+            send(page, "hello")
+            expect(page.locator(ASSISTANT)).to_have_count(1)
+            return page
+
+        page = await s.run(start)
+        stack.proxy.refuse = True  # the server is unreachable: every try fails at once
+        await stack.proxy.cut_all()
+
+        def failed_send() -> None:
+            # A send while the server is away says so ...
+            page.locator(INPUT).fill("are you there?")
+            page.locator(INPUT).press("Enter")
+            expect(page.locator("#notice")).to_be_visible()
+            expect(page.locator("#notice-text")).to_contain_text("Could not send")
+            # ... and the page keeps trying, never waiting over 3 s while it is visible.
+            page.wait_for_function("() => window.agentik.stats.tries >= 7", timeout=30_000)
+            delays = page.evaluate("() => window.agentik.retryDelays")
+            assert max(delays) <= 3000 and len(delays) >= 6, delays
+            assert max(delays[4:]) > 2000, delays  # it did back off
+            # Hidden, it backs off further: the next wait is long.
+            assert page.evaluate(SET_VISIBILITY, "hidden") == 0
+            page.wait_for_function("() => window.agentik.retryDelays.at(-1) > 3000",
+                                   timeout=10_000)
+
+        await s.run(failed_send)
+        stack.proxy.refuse = False
+
+        def shown() -> None:
+            # Shown again: it tries at once (not in up to 30 s), goes live, and the notice goes.
+            assert page.evaluate(SET_VISIBILITY, "visible") == 1
+            wait_live(page)
+            expect(page.locator("#notice")).to_be_hidden()
+            expect(page.locator(INPUT)).to_have_value("are you there?")  # kept to send again
+
+        await s.run(shown)
+        stack.proxy.refuse = True
+        await stack.proxy.cut_all()
+
+        def away_again() -> None:
+            assert page.evaluate(SET_VISIBILITY, "hidden") == 0
+            page.wait_for_function("() => window.agentik.retryDelays.at(-1) > 3000",
+                                   timeout=10_000)
+
+        await s.run(away_again)
+        stack.proxy.refuse = False
+
+        def online() -> None:
+            assert page.evaluate(ONLINE) == 1  # the network is back: a try at once
+            wait_live(page)
+            send(page, "are you there?")
+            expect(page.locator(ASSISTANT)).to_have_count(2)
+
+        await s.run(online)
 
 
 @needs_browser

@@ -68,6 +68,7 @@ api.onUnauthorized = (message) => {
 // --- connection state and the token -------------------------------------------------------------
 
 function showStatus(state, detail) {
+  if (state === "live") clearTransientNotice();
   const el = $("connection-status");
   el.dataset.state = state;
   el.textContent = state === "reconnecting" && detail ? detail : STATUS_TEXT[state];
@@ -108,7 +109,11 @@ $("change-token").addEventListener("click", () => {
 });
 
 $("reconnect-now").addEventListener("click", () => connection.retryNow());
+// The network is back, or someone looks at the page again: try now, not when the backoff says.
 window.addEventListener("online", () => connection.retryNow());
+document.addEventListener("visibilitychange", () => {
+  if (document.visibilityState === "visible") connection.retryNow();
+});
 window.addEventListener("storage", (event) => {
   if (event.key === "agentik.token") {
     api.reloadToken();
@@ -121,15 +126,25 @@ window.addEventListener("storage", (event) => {
 
 // --- notices -------------------------------------------------------------------------------------
 
-function notify(text) {
+/** Whether the notice shown is about a passing condition (no network, a busy server): such a
+ * notice goes when the page is live again or the next request succeeds. */
+let noticeTransient = false;
+
+function notify(text, transient = false) {
   $("notice-text").textContent = text;
   $("notice").hidden = false;
+  noticeTransient = transient;
+}
+
+function clearTransientNotice() {
+  if (noticeTransient) $("notice").hidden = true;
+  noticeTransient = false;
 }
 
 function failed(what, exc) {
   if (exc instanceof AuthError) return; // the token dialog is up
-  if (exc instanceof NetworkError) notify(`${what}: the server cannot be reached. Try again.`);
-  else if (exc instanceof ApiError) notify(`${what}: ${exc.message}`);
+  if (exc instanceof NetworkError) notify(`${what}: the server cannot be reached. Try again.`, true);
+  else if (exc instanceof ApiError) notify(`${what}: ${exc.message}`, exc.status === 429 || exc.status === 503);
   else {
     notify(`${what}: ${exc}`);
     console.error(exc);
@@ -138,6 +153,7 @@ function failed(what, exc) {
 
 $("notice-close").addEventListener("click", () => {
   $("notice").hidden = true;
+  noticeTransient = false;
 });
 
 // --- the conversation list -----------------------------------------------------------------------
@@ -623,6 +639,7 @@ $("composer").addEventListener("submit", async (event) => {
     }
     const untitled = chat?.id === id && chat.records.size === 0 && !list.items.get(id)?.title;
     await api.send(id, text);
+    clearTransientNotice();
     if (untitled) autoTitle(id, text);
     if (input.value === text) {
       input.value = "";
@@ -630,7 +647,7 @@ $("composer").addEventListener("submit", async (event) => {
     }
   } catch (exc) {
     if (exc instanceof ApiError && exc.code === "mailbox_full") {
-      notify("Too many messages are waiting for an answer; try again in a moment.");
+      notify("Too many messages are waiting for an answer; try again in a moment.", true);
     } else {
       failed("Could not send", exc);
     }
@@ -693,6 +710,9 @@ window.agentik = Object.freeze({
   },
   get cursors() {
     return { agent: connection.agentCursor, chat: connection.chat?.cursor ?? null };
+  },
+  get retryDelays() {
+    return [...connection.delays];
   },
 });
 

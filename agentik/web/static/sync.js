@@ -16,12 +16,17 @@
 // Before each connect a plain fetch of /agentik/cursor tells a 401 (ask for a token) from a
 // server that is down (retry with backoff), which a refused WebSocket upgrade cannot show. The
 // socket is dropped when nothing (not even the server's 15 s ping) arrived for WATCHDOG_MS.
+// The backoff (retryDelay) stays short while someone looks at the page; the page tries at once
+// when it is shown again or the network comes back (app.js calls retryNow).
 
 import { AuthError, NetworkError } from "./api.js";
 import { cursorText, parseCursor } from "./store.js";
 
-const BACKOFF_MS = [500, 1000, 2000, 4000, 8000];
-const MAX_BACKOFF_MS = 10000;
+const BACKOFF_MS = [250, 500, 1000, 2000];
+/** the longest wait between two tries while the page is visible */
+export const VISIBLE_MAX_MS = 3000;
+/** ... and while it is hidden (nobody waits for it; it tries at once when shown) */
+export const HIDDEN_MAX_MS = 30000;
 const WATCHDOG_MS = 45000;
 const LIST_LIMIT = 1000;
 
@@ -47,7 +52,9 @@ export class Connection {
     this.stopped = true;
     this.connecting = false;
     this.state = null;
-    this.stats = { connects: 0, resumes: 0, resyncs: 0, gaps: 0 };
+    this.stats = { connects: 0, resumes: 0, resyncs: 0, gaps: 0, tries: 0 };
+    /** the last scheduled waits before a try, in ms (newest last; for people and tests) */
+    this.delays = [];
     this.ready = false;
   }
 
@@ -108,6 +115,7 @@ export class Connection {
 
   async _tryConnect() {
     this.ready = false;
+    this.stats.tries++;
     this._status(this.attempt === 0 && this.stats.connects === 0 ? "connecting" : "reconnecting");
     let head;
     try {
@@ -174,9 +182,9 @@ export class Connection {
 
   _scheduleRetry(why) {
     if (this.stopped) return;
-    const base = BACKOFF_MS[this.attempt] ?? MAX_BACKOFF_MS;
+    const delay = retryDelay(this.attempt, document.visibilityState === "hidden", Math.random());
     this.attempt++;
-    const delay = Math.round(base * (0.8 + 0.4 * Math.random()));
+    this.delays = [...this.delays.slice(-19), delay];
     const due = Date.now() + delay;
     clearTimeout(this.timer);
     const tick = () => {
@@ -452,6 +460,16 @@ export class Connection {
     }
     return false;
   }
+}
+
+/** The wait before the next try after `attempt` failed ones, in ms: growing, at most
+ * VISIBLE_MAX_MS while the page is visible (HIDDEN_MAX_MS while hidden), and up to 20 % shorter
+ * at random (`random` in [0, 1)) so that the pages of a restarted server do not all come back
+ * at once. */
+export function retryDelay(attempt, hidden, random) {
+  const base = BACKOFF_MS[attempt] ?? VISIBLE_MAX_MS * 2 ** (attempt - BACKOFF_MS.length);
+  const most = Math.min(base, hidden ? HIDDEN_MAX_MS : VISIBLE_MAX_MS);
+  return Math.round(most * (1 - 0.2 * random));
 }
 
 /** An `error` frame answering a command or ending a subscription. */
