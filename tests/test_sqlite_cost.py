@@ -10,23 +10,20 @@ from pathlib import Path
 import pytest
 
 from agentik.errors import StorageError
-from agentik.storage import ops
-from agentik.storage.sqlite import ops as sqlite_ops
+from agentik.storage import apply, ops
 from agentik.storage.sqlite.writer import Writer
+from agentik.storage.types import KINDS
 from agentik.wire import Text, UserItem, UserMessage, decode_common_event, encode
 from tests.test_pg_plan import TRICKY
 from tests.test_pg_plan import _ops as journal_ops
 from tests.test_storage_batch import _create, _send
 
 
-def test_every_op_has_its_function_on_both_engines() -> None:
-    """Each engine dispatches ops by exact type through its own table: an op added to
-    ``ops.AnyOp`` and missing from either would be a KeyError at its first write."""
-    from agentik.storage.pg import plan_ops as pg_plan_ops
-
-    every = set(typing.get_args(ops.AnyOp))
-    assert set(sqlite_ops._APPLY) == every
-    assert set(pg_plan_ops._PLAN) == every
+def test_every_op_has_its_one_definition() -> None:
+    """Both engines dispatch ops by exact type through the one table of definitions
+    (``storage/apply.py``): an op added to ``ops.AnyOp`` and missing from it would be a
+    KeyError at its first write."""
+    assert set(apply.APPLY) == set(typing.get_args(ops.AnyOp))
 
 
 def test_payloads_are_stored_as_blobs_of_their_json(tmp_path: Path) -> None:
@@ -192,19 +189,17 @@ def test_oldest_is_read_back_if_a_seq_had_no_event(
 ) -> None:
     """``_trim``'s sums stand on every seq having its event: a batch that ever took a seq with
     none makes the writer read ``oldest`` back instead."""
-    from agentik.storage.sqlite import rows as sqlite_rows
-
     w = Writer(str(tmp_path / "h.db"), synchronous="OFF", outbox_cap=3, outbox_ttl=3600)
     w.commit_batch([_create("c"), _send("c", "m1"), _send("c", "m2")])  # 1, 2, 3
-    real = sqlite_ops._APPLY[ops.AppendUserMessage]
+    real = apply.APPLY[ops.AppendUserMessage]
 
-    def holey(conn, tx, op):  # type: ignore[no-untyped-def]
+    def holey(t, op):  # type: ignore[no-untyped-def]
         if op.message_id == "hole":
-            sqlite_rows.alloc(tx)  # a seq, no event, no outbox row
+            t.alloc()  # a seq, no event, no outbox row
             return None
-        return real(conn, tx, op)
+        return real(t, op)
 
-    monkeypatch.setitem(sqlite_ops._APPLY, ops.AppendUserMessage, holey)
+    monkeypatch.setitem(apply.APPLY, ops.AppendUserMessage, holey)
     # 4, (5), 6, 7: the cap trims 1-4, and 5 is no row
     w.commit_batch([_send("c", "m3"), _send("c", "hole"), _send("c", "m4"), _send("c", "m5")])
     assert _retained(w) == [6, 7]
@@ -259,7 +254,7 @@ def test_coded_columns_are_stored_as_their_text(tmp_path: Path) -> None:
     outbox = conn.execute('SELECT "offset", kind, created_at FROM outbox ORDER BY "offset"')
     assert [(o, k) for o, k, _ in outbox] == [(1, "agent")] + [
         (ev.offset, ev.kind) for ev in result.events]
-    assert {ev.kind for ev in result.events} | {"agent"} == set(sqlite_rows.KINDS)
+    assert {ev.kind for ev in result.events} | {"agent"} == set(KINDS.values())
     types = conn.execute("SELECT type, created_at FROM message ORDER BY seq").fetchall()
     tags = [ev.event.event.record.message.__struct_config__.tag  # type: ignore[union-attr]
             for ev in result.events if hasattr(ev.event.event, "record")]

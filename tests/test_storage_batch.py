@@ -15,9 +15,8 @@ import pytest
 import trio
 
 from agentik.errors import ConflictError, NotFoundError
-from agentik.storage import ops
+from agentik.storage import apply, ops
 from agentik.storage.actor import Storage, run_storage
-from agentik.storage.sqlite import ops as sqlite_ops
 from agentik.storage.sqlite.writer import Writer
 from agentik.wire import Text, UserMessage
 from tests.conftest import StorageTarget
@@ -57,16 +56,16 @@ def test_op_refused_after_writing_rows_leaves_none_and_the_batch_runs_once(
     stored once, the ops after it continue the offsets without a hole, and its conversation keeps
     the seq it had before it."""
     w = _writer(tmp_path)
-    real = sqlite_ops._APPLY[ops.AppendUserMessage]
+    real = apply.APPLY[ops.AppendUserMessage]
 
-    def append_user(conn: Any, tx: Any, op: ops.AppendUserMessage) -> Any:
-        result = real(conn, tx, op)  # its message, turn and event are written, its seq taken
+    def append_user(t: Any, op: ops.AppendUserMessage) -> Any:
+        result = real(t, op)  # its message, turn and event are written, its seq taken
         if op.message_id == "bad":
             raise ConflictError("refused after writing")
         return result
 
-    # both passes (``apply_all``, then ``apply_op`` in SAVEPOINTs) dispatch through _APPLY
-    monkeypatch.setitem(sqlite_ops._APPLY, ops.AppendUserMessage, append_user)
+    # both passes (``apply_all``, then ``apply_op`` in SAVEPOINTs) dispatch through APPLY
+    monkeypatch.setitem(apply.APPLY, ops.AppendUserMessage, append_user)
     # "bad" bumps c1 again (to the seq m2 then takes, for c2) before it is refused.
     result = w.commit_batch([_send("c1", "m1"), _send("c1", "bad"), _send("c2", "m2")])
     assert isinstance(result.results[1], ConflictError)

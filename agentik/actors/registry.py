@@ -21,7 +21,6 @@ from agentik.actors.handle import ConversationHandle, HandleClosed
 from agentik.actors.messages import MailboxMessage
 from agentik.actors.supervisor import supervise
 from agentik.errors import (
-    IdempotencyKeyReusedError,
     NotFoundError,
     RuntimeClosedError,
     StorageError,
@@ -93,14 +92,9 @@ class Registry:
         """The result id stored under ``idem.key`` (None: not stored, or expired). The writer
         checks again inside its transaction; this read only spares the common retry a write.
         Raises IdempotencyKeyReusedError."""
-        row = await self.deps.storage.reader.idempotency_key(idem.key, time.time())
-        if row is None:
-            return None
-        fingerprint, result_id = row
-        if fingerprint != idem.fingerprint:
-            raise IdempotencyKeyReusedError(
-                "this Idempotency-Key was already used with another request")
-        return result_id
+        stored = await self.deps.storage.reader.idempotency_key(idem.key, time.time())
+        replayed = ops.replay(stored, idem)
+        return None if replayed is None else replayed.result_id
 
     async def _replayed_conversation(self, conversation_id: str) -> ConversationRecord:
         record = await self.deps.storage.reader.get_conversation(conversation_id)

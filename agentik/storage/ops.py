@@ -1,9 +1,9 @@
 """Write operations the StorageActor accepts: a closed union of frozen structs.
 
-Each op is applied inside the batch transaction by :func:`agentik.storage.sqlite.ops.apply_op`
-(PostgreSQL: planned by ``pg.writer``); every durable event it produces takes the next value of
-the counter, and the state rows it writes carry that same value, so ``event offset == record
-seq`` holds by construction. Ops carry no timestamps: every time stored by a batch is the
+What each op checks, reads and writes is defined once, for both engines, in
+``storage/apply.py``; every durable event it produces takes the next value of the counter, and
+the state rows it writes carry that same value, so ``event offset == record seq`` holds by
+construction. Ops carry no timestamps: every time stored by a batch is the
 writer's clock at that batch (one value per transaction).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from agentik.errors import IdempotencyKeyReusedError
 from agentik.wire import (
     AssistantMessage,
     Error,
@@ -43,6 +44,20 @@ class Replayed(msgspec.Struct, frozen=True, kw_only=True):
     returned (a message id, a conversation id)."""
 
     result_id: str
+
+
+def replay(stored: tuple[str, str] | None, idem: Idempotency) -> Replayed | None:
+    """The one idempotency rule (both engines' writes and the registry's read before one):
+    ``stored`` is (fingerprint, result id) kept under ``idem.key`` and not expired. None: the
+    key is free (the write goes ahead and keeps it); the same fingerprint: the write is a replay
+    of the one that stored it; another: IdempotencyKeyReusedError."""
+    if stored is None:
+        return None
+    fingerprint, result_id = stored
+    if fingerprint != idem.fingerprint:
+        raise IdempotencyKeyReusedError(
+            "this Idempotency-Key was already used with another request")
+    return Replayed(result_id=result_id)
 
 
 class CreateConversation(Op, frozen=True, kw_only=True):

@@ -4,6 +4,7 @@ read side returns them (:class:`A2ATaskRow`, :func:`conversation_of`, :func:`mes
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,14 +13,29 @@ import msgspec
 
 from agentik.errors import AgentikError
 from agentik.wire import (
+    AgentEvent,
     CommonEvent,
     ConversationRecord,
+    DurableEvent,
     MessageRecord,
+    TaskUpdated,
     decode_common_event,
     decode_message,
     decode_type_only,
     event_type,
 )
+
+#: an outbox row's kind, by its event's class: the conversation list's events are ``agent``, an
+#: A2A task's change ``a2a``, every other durable event ``conversation`` (a stream filters by it)
+KINDS: dict[type, str] = {
+    **{cls: "conversation" for cls in typing.get_args(DurableEvent)},
+    **{cls: "agent" for cls in typing.get_args(AgentEvent)},
+    TaskUpdated: "a2a",
+}
+
+
+def kind_of(event: DurableEvent | AgentEvent) -> str:
+    return KINDS[type(event)]
 
 
 class StoredEvent(msgspec.Struct, gc=False):

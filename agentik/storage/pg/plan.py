@@ -3,7 +3,7 @@
 Planned from one read of the rows the batch touches (``PgWriter._load``). Each op is checked
 first and refused (AgentikError) before it takes anything, so a refusal never leaves a hole; then
 it adds rows at batch-relative offsets ``rel`` (1..n), stored at ``base + rel`` by the commit
-statement (``pg.statement``); each op's function is in ``pg.plan_ops``. The offset is known only
+statement (``pg.statement``); each op is planned by ``pg.plan_ops.PgTarget``. The offset is known only
 inside the statement, so outbox payloads carry offset 0 (readers stamp it, ``pg.queries.stamp``);
 results (:data:`Result`) and this node's events (:meth:`Plan.events`) are built from ``base``
 after commit.
@@ -29,18 +29,16 @@ from agentik.errors import (
 )
 from agentik.storage.pg.arrays import Byteas, Int8s, Texts
 from agentik.storage.pg.queries import stamp
-from agentik.storage.types import StoredEvent
+from agentik.storage.types import KINDS, StoredEvent
 from agentik.wire import (
     AgentEvent,
     CommonEvent,
-    ConversationClosing,
     ConversationRecord,
     Cursor,
     Deleted,
     DurableEvent,
     Message,
     MessageRecord,
-    Touched,
     WorkingItem,
     encode,
 )
@@ -184,12 +182,12 @@ class Plan:
         self.conv[conv.id] = new
         return new
 
-    def emit(self, rel: int, conversation_id: str | None, event: DurableEvent | AgentEvent,
-             kind: str) -> None:
+    def emit(self, rel: int, conversation_id: str | None,
+             event: DurableEvent | AgentEvent) -> None:
         common = CommonEvent(cursor=self._cursor0, conversation_id=conversation_id, event=event)
         self.o_rel.append(rel)
         self.o_cid.append(conversation_id)
-        self.o_kind.append(kind)
+        self.o_kind.append(KINDS[type(event)])
         self.o_payload.append(encode(common))
         self.o_event.append(common)
 
@@ -239,7 +237,7 @@ class Plan:
                 message=msgspec.Raw(body)))))  # type: ignore[arg-type]
         self.o_rel.append(rel)
         self.o_cid.append(cid)
-        self.o_kind.append("conversation")
+        self.o_kind.append(KINDS[cls])
         self.o_payload.append(payload)
         self.o_event.append((cls, message_id, message,
                              payload.index(_SEQ, self._at_offset) + 6))
@@ -253,15 +251,9 @@ class Plan:
             self.conv[conversation_id] = msgspec.structs.replace(conv, max_order=order_idx)
         self.memory.append((conversation_id, order_idx, source, encode(item)))
 
-    def touch(self, conversation_id: str) -> None:
-        rel = self.alloc()
-        self.bump(self.require(conversation_id), rel, touch=True)
-        self.emit(rel, conversation_id,
-                  Touched(conversation_id=conversation_id, updated_at=self.now), "agent")
-
-    def delete(self, conversation_id: str, reason: str) -> None:
+    def drop(self, conversation_id: str) -> None:
+        """The conversation's rows go (``apply.delete`` emits its events around this)."""
         conv = self.require(conversation_id)
-        self.emit(self.alloc(), conversation_id, ConversationClosing(reason=reason), "conversation")
         # rows this batch planned for it go too (the statement cannot see its own inserts)
         keep = [i for i, cid in enumerate(self.m_cid) if cid != conversation_id]
         for name in ("m_rel", "m_id", "m_cid", "m_type", "m_payload"):
@@ -273,4 +265,3 @@ class Plan:
         if conv.in_db:
             self.deleted.append(conversation_id)
         self.conv[conversation_id] = None
-        self.emit(self.alloc(), conversation_id, Deleted(conversation_id=conversation_id), "agent")

@@ -1,118 +1,201 @@
-"""Planning a PostgreSQL batch, op by op (``pg.plan``): one function per op, each checking
-first (a refusal, AgentikError, takes nothing, so it leaves no hole), then adding its rows to the
-:class:`~agentik.storage.pg.plan.Plan`. :func:`plan_op` dispatches by the op's exact type."""
+"""The PostgreSQL engine's side of the ops (``storage/apply.py``): :class:`PgTarget`, each
+primitive planned into a batch's :class:`~agentik.storage.pg.plan.Plan` (rows at batch-relative
+offsets, committed by one statement). No savepoint can roll an op back, so every op checks first
+(``apply`` is written so: a refusal, AgentikError, takes nothing and leaves no hole). A journal
+record is its batch-relative offset (``Rec`` int) and a result what makes it from the batch's
+base offset (``pg.plan.Result``). :func:`read_found` is the one read a batch's rechecks need.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import psycopg
 
-from agentik.errors import (
-    ConflictError,
-    IdempotencyKeyReusedError,
-    NotFoundError,
-    StorageError,
-)
-from agentik.ids import new_id
-from agentik.storage import ops
+from agentik.storage import apply, ops
 from agentik.storage.pg.plan import Conv, Found, Plan, Result, const
 from agentik.wire import (
-    AssistantMessageEvent,
-    CompactionTriggered,
-    Created,
-    Error,
-    ErrorEvent,
-    Interrupted,
+    AgentEvent,
+    ConversationRecord,
+    DurableEvent,
+    Message,
     MessageRecord,
-    Renamed,
-    SystemItem,
-    TaskUpdated,
-    ToolCallEvent,
-    ToolFailed,
-    ToolResultEvent,
-    UserMessageEvent,
     WorkingItem,
     decode_message,
     decode_working_item,
 )
 
-
-def _create(p: Plan, op: ops.CreateConversation) -> Result:
-    if p.conv.get(op.conversation_id) is not None:
-        raise StorageError(f"conversation {op.conversation_id!r} already exists")
-    rel = p.alloc()
-    conv = Conv(op.conversation_id, op.title, op.is_temporal, p.now, p.now, None, rel,
-                 in_db=False, max_order=0)
-    p.conv[conv.id] = conv
-    p.remember(conv.id, SystemItem(text=op.system_prompt), None)
-    p.emit(rel, conv.id, Created(conversation=conv.record(-rel)), "agent")
-    p.created.append(conv.id)
-    return lambda base: conv.record(base)
+#: the highest order_idx a working-memory range may name (the statement's int column)
+_TOP = 2**31 - 1
 
 
-def _delete_op(p: Plan, op: ops.DeleteConversation) -> Result:
-    if p.conv.get(op.conversation_id) is None:
-        return const(False)
-    p.delete(op.conversation_id, "deleted")
-    return const(True)
+class PgTarget:
+    """``apply.Target`` on one batch's plan."""
+
+    __slots__ = ("_recovered", "now", "p")
+
+    def __init__(self, p: Plan) -> None:
+        self.p, self.now = p, p.now
+        #: RecoverTurns: (conversation filter, its orphans) until ``drop_turns``
+        self._recovered: dict[str | None, list[tuple[str, str]]] = {}
+
+    # --- checks and reads -----------------------------------------------------------------------
+
+    def require(self, conversation_id: str) -> None:
+        self.p.require(conversation_id)
+
+    def exists(self, conversation_id: str) -> bool:
+        return self.p.conv.get(conversation_id) is not None
+
+    def idempotency(self, key: str) -> tuple[str, str] | None:
+        return self.p.idem.get(key)
+
+    def task_seq(self, task_id: str) -> int | str | None:
+        stored = self.p.tasks.get(task_id)
+        return "changed in this batch" if isinstance(stored, tuple) else stored
+
+    def open_turns(self, conversation_id: str | None) -> list[tuple[str, str]]:
+        live, orphans = self.p.open_turns.pop(conversation_id, ([], []))
+        turns = [(cid, turn_id) for cid, turn_id in live if self.p.conv.get(cid) is not None]
+        self._recovered[conversation_id] = turns + orphans
+        return turns
+
+    def temporary(self) -> list[str]:
+        ids, self.p.temporary = self.p.temporary or [], []
+        return ids
+
+    def stored_records(self, ids: tuple[str, ...]) -> list[MessageRecord]:
+        records = _found(self.p).records
+        return [records[i] for i in ids if i in records]
+
+    def turn_open(self, conversation_id: str, turn_id: str) -> bool:
+        return (conversation_id, turn_id) in _found(self.p).turns or turn_id in self.p.turns
+
+    def started(self, conversation_id: str, turn_id: str) -> bool:
+        return (conversation_id, turn_id) in _found(self.p).started
+
+    def compacted(self, op: ops.Compact) -> bool:
+        return (op.conversation_id, op.before_order_idx) in _found(self.p).compacted
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    def alloc(self) -> int:
+        p = self.p
+        p.n += 1
+        return p.n
+
+    def emit(self, seq: int, conversation_id: str | None,
+             event: DurableEvent | AgentEvent) -> None:
+        self.p.emit(seq, conversation_id, event)
+
+    def journal(self, conversation_id: str, message_id: str, message: Message,
+                event: type[apply.RecordEvent]) -> int:
+        p = self.p
+        return p.journal(p.require(conversation_id), message_id, message, event)
+
+    def new_conversation(self, op: ops.CreateConversation, seq: int) -> ConversationRecord:
+        p = self.p
+        conv = Conv(op.conversation_id, op.title, op.is_temporal, p.now, p.now, None, seq,
+                    in_db=False, max_order=0)
+        p.conv[conv.id] = conv
+        p.created.append(conv.id)
+        return conv.record(-seq)  # seq 0: stamped on read (``pg.queries.stamp``)
+
+    def rename(self, conversation_id: str, title: str | None, seq: int) -> None:
+        p = self.p
+        p.bump(p.require(conversation_id), seq, touch=True, rename=(title,))
+
+    def bump(self, conversation_id: str, seq: int, *, touch: bool = False) -> None:
+        p = self.p
+        p.bump(p.require(conversation_id), seq, touch=touch)
+
+    def remember(self, conversation_id: str, item: WorkingItem, source: str | None) -> None:
+        self.p.remember(conversation_id, item, source)
+
+    def forget(self, conversation_id: str, from_idx: int) -> None:
+        """The stored items from ``from_idx`` on go (the statement's working-memory cut) and so
+        do those this batch planned; the next item's index is taken after what is left (as
+        SQLite's ``MAX(order_idx) + 1``: a remembered row the statement finds otherwise is read
+        again)."""
+        p = self.p
+        p.memory_cut.append((conversation_id, from_idx, _TOP))
+        p.memory = [m for m in p.memory if m[0] != conversation_id or m[1] < from_idx]
+        conv = p.require(conversation_id)
+        if conv.max_order >= from_idx:
+            p.conv[conversation_id] = Conv(conv.id, conv.title, conv.is_temporal, conv.created_at,
+                                           conv.updated_at, conv.seq, conv.rel, conv.in_db,
+                                           from_idx - 1)
+
+    def compact(self, conversation_id: str, before_idx: int, summary: WorkingItem | None) -> None:
+        p = self.p
+        first = p.compact_first.get(conversation_id)
+        p.memory_cut.append((conversation_id, first if first is not None else before_idx,
+                             before_idx))
+        if summary is not None and first is not None:
+            p.remember(conversation_id, summary, None, order_idx=first)
+
+    def open_turn(self, conversation_id: str, turn_id: str, running: bool, user: int) -> None:
+        self.p.turns[turn_id] = (conversation_id, "running" if running else "queued", user)
+
+    def run_turn(self, conversation_id: str, turn_id: str) -> None:
+        p = self.p
+        queued = p.turns.get(turn_id)
+        if queued is not None:
+            p.turns[turn_id] = (queued[0], "running", queued[2])
+        else:
+            p.turns_running.append((conversation_id, turn_id))
+
+    def close_turn(self, conversation_id: str, turn_id: str) -> None:
+        p = self.p
+        if p.turns.pop(turn_id, None) is None:
+            p.turns_deleted.append((conversation_id, turn_id))
+
+    def drop_turns(self, conversation_id: str | None) -> None:
+        self.p.turns_deleted.extend(self._recovered.pop(conversation_id, []))
+
+    def drop_conversation(self, conversation_id: str) -> None:
+        self.p.drop(conversation_id)
+
+    def put_task(self, op: ops.PutA2ATask, seq: int) -> None:
+        p = self.p
+        p.tasks[op.task_id] = ("rel", seq)
+        p.task_rows.append((op.task_id, op.context_id, op.conversation_id, op.state, seq, op.task))
+
+    def keep_key(self, idem: ops.Idempotency, result_id: str) -> None:
+        p = self.p
+        p.idem[idem.key] = (idem.fingerprint, result_id)
+        p.idem_rows.append((idem.key, idem.fingerprint, result_id, p.now + idem.ttl))
+
+    # --- results --------------------------------------------------------------------------------
+
+    def value(self, value: object) -> Result:
+        return const(value)
+
+    def record(self, record: int) -> Result:
+        return record
+
+    def records(self, records: list[int]) -> Result:
+        return tuple(records)
+
+    def conversation(self, conversation_id: str) -> Result:
+        conv = self.p.require(conversation_id)
+        return lambda base: conv.record(base)
+
+    def offset(self, seq: int) -> Result:
+        return lambda base: base + seq
 
 
-def _rename(p: Plan, op: ops.RenameConversation) -> Result:
-    conv = p.require(op.conversation_id)
-    rel = p.alloc()
-    conv = p.bump(conv, rel, touch=True, rename=(op.title,))
-    p.emit(rel, conv.id, Renamed(conversation_id=conv.id, title=op.title, updated_at=p.now),
-           "agent")
-    return lambda base: conv.record(base)
-
-
-def _append_user(p: Plan, op: ops.AppendUserMessage) -> Result:
-    cid = op.conversation_id
-    conv = p.conv.get(cid)
-    if conv is None:
-        raise NotFoundError(f"conversation {cid!r} not found")
-    rel = p.journal(conv, op.message_id, op.message, UserMessageEvent)
-    p.turns[op.message_id] = (cid, "queued" if op.start is None else "running", rel)
-    if op.start is not None:  # started with its message (ops.AppendUserMessage.start)
-        p.remember(cid, op.start, op.message_id)
-    return rel
-
-
-_NONE = const(None)
-
-
-def _start_turn(p: Plan, op: ops.StartTurn) -> Result:
-    p.require(op.conversation_id)
-    if op.recheck and (op.conversation_id, op.turn_id) in _found(p).started:
-        return _NONE  # stored: its user item is in working memory
-    p.remember(op.conversation_id, op.item, op.turn_id)
-    queued = p.turns.get(op.turn_id)
-    if queued is not None:
-        p.turns[op.turn_id] = (queued[0], "running", queued[2])
-    else:
-        p.turns_running.append((op.conversation_id, op.turn_id))
-    return _NONE
+def plan_op(p: Plan, op: ops.AnyOp) -> Result:
+    """``op`` planned into ``p`` (``apply.APPLY``): its result. Raises AgentikError, having
+    planned nothing, when it is refused."""
+    target: apply.Target[int, Result] = PgTarget(p)  # (mypy: it is one)
+    result: Result = apply.APPLY[type(op)](target, op)
+    return result
 
 
 def _found(p: Plan) -> Found:
     assert p.found is not None  # read with a batch holding a recheck (PgWriter._plan)
     return p.found
-
-
-def _stored(p: Plan, op: ops.Recheckable) -> Result | None:
-    """A rechecked op's result when its first attempt is stored (``ops.rechecked``): one of its
-    records is in the journal, or (a FinishTurn) its turn row is gone; else None."""
-    found = _found(p)
-    records = [found.records[i] for i in ops.journal_ids(op) if i in found.records]
-    if not records:
-        if type(op) is not ops.FinishTurn or op.turn_id is None:
-            return None
-        if (op.conversation_id, op.turn_id) in found.turns or op.turn_id in p.turns:
-            return None  # still open: not stored
-    return const(records[0] if type(op) is ops.AppendToolResult else records)
 
 
 def read_found(conn: psycopg.Connection[Any], batch: list[ops.AnyOp]) -> Found | None:
@@ -159,156 +242,3 @@ def _pairs(conn: psycopg.Connection[Any], table: str, column: str,
         f"SELECT conversation_id, {column} FROM {table} WHERE (conversation_id, {column}) IN "
         "(SELECT * FROM unnest(%s::text[], %s::text[]))",
         ([t[0] for t in pairs], [t[1] for t in pairs]))}
-
-
-def _tool_calls(p: Plan, op: ops.AppendToolCalls) -> Result:
-    p.require(op.conversation_id)
-    if op.recheck and (stored := _stored(p, op)) is not None:
-        return stored
-    made = tuple(p.journal(p.require(op.conversation_id), message_id, call, ToolCallEvent)
-                 for message_id, call in op.calls)
-    p.remember(op.conversation_id, op.item, None)
-    return made
-
-
-def _tool_result(p: Plan, op: ops.AppendToolResult) -> Result:
-    if op.recheck and (stored := _stored(p, op)) is not None:
-        p.require(op.conversation_id)
-        return stored
-    rel = p.journal(p.require(op.conversation_id), op.message_id, op.result,
-                    ToolFailed if op.result.is_error else ToolResultEvent)
-    p.remember(op.conversation_id, op.item, op.message_id)
-    return rel
-
-
-def _finish_turn(p: Plan, op: ops.FinishTurn) -> Result:
-    cid = op.conversation_id
-    p.require(cid)
-    if op.recheck and (stored := _stored(p, op)) is not None:
-        return stored
-    made: list[int] = []
-    if op.assistant is not None:
-        message_id, answer = op.assistant
-        made.append(p.journal(p.require(cid), message_id, answer, AssistantMessageEvent))
-        if op.item is not None:
-            p.remember(cid, op.item, message_id)
-    if op.interrupted:
-        rel = p.alloc()
-        p.bump(p.require(cid), rel)
-        p.emit(rel, cid, Interrupted(turn_id=op.turn_id), "conversation")
-    if op.error is not None:
-        message_id, error = op.error
-        made.append(p.journal(p.require(cid), message_id, error, ErrorEvent))
-    if op.turn_id is not None:
-        if p.turns.pop(op.turn_id, None) is None:
-            p.turns_deleted.append((cid, op.turn_id))
-    p.touch(cid)
-    return tuple(made)
-
-
-def _compact(p: Plan, op: ops.Compact) -> Result:
-    cid = op.conversation_id
-    p.require(cid)
-    if op.recheck and (cid, op.before_order_idx) in _found(p).compacted:
-        return _NONE  # stored (ops.compacted)
-    first = p.compact_first.get(cid)
-    p.memory_cut.append((cid, first if first is not None else op.before_order_idx,
-                         op.before_order_idx))
-    if op.summary is not None and first is not None:
-        p.remember(cid, op.summary, None, order_idx=first)
-    rel = p.alloc()
-    p.bump(p.require(cid), rel)
-    p.emit(rel, cid, CompactionTriggered(dropped_items=op.dropped,
-                                         summary=getattr(op.summary, "text", None)),
-           "conversation")
-    return const(None)
-
-
-def _recover_turns(p: Plan, op: ops.RecoverTurns) -> Result:
-    open_turns, orphans = p.open_turns.pop(op.conversation_id, ([], []))
-    closed = 0
-    for cid, turn_id in open_turns:
-        if p.conv.get(cid) is None:
-            continue
-        error = Error(message=op.message, code=op.code, turn_id=turn_id)
-        p.journal(p.require(cid), new_id(), error, ErrorEvent)
-        p.touch(cid)
-        p.turns_deleted.append((cid, turn_id))
-        closed += 1
-    p.turns_deleted.extend(orphans)
-    return const(closed)
-
-
-def _purge_temporary(p: Plan, op: ops.PurgeTemporary) -> Result:
-    ids, p.temporary = p.temporary or [], []
-    for cid in ids:
-        if p.conv.get(cid) is not None:
-            p.delete(cid, "temporary conversation ended by restart")
-    return const(len(ids))
-
-
-def _put_a2a_task(p: Plan, op: ops.PutA2ATask) -> Result:
-    if op.conversation_id is not None:  # its tasks went with it: none outlives it
-        p.require(op.conversation_id)
-    stored = p.tasks.get(op.task_id)
-    if isinstance(stored, tuple) or stored != op.expect_seq:
-        shown = "changed in this batch" if isinstance(stored, tuple) else f"at seq {stored}"
-        raise ConflictError(f"task {op.task_id!r} is {shown}, the change expected {op.expect_seq}")
-    p.tasks[op.task_id] = ("rel", rel := p.alloc())
-    p.task_rows.append((op.task_id, op.context_id, op.conversation_id, op.state, rel, op.task))
-    p.emit(rel, op.conversation_id, TaskUpdated(task_id=op.task_id, context_id=op.context_id,
-                                                state=op.state, update=msgspec.Raw(op.update)), "a2a")
-    return lambda base: base + rel
-
-
-def _idempotent(p: Plan, idem: ops.Idempotency | None, result_id: str,
-                write: Callable[[], Result]) -> Result:
-    """The SQLite writer's ``_idempotent``, planned: a known key replays its first answer,
-    another body with it is refused, a free key is stored with the write."""
-    if idem is None:
-        return write()
-    known = p.idem.get(idem.key)
-    if known is not None:
-        if known[0] != idem.fingerprint:
-            raise IdempotencyKeyReusedError(
-                "this Idempotency-Key was already used with another request"
-            )
-        return const(ops.Replayed(result_id=known[1]))
-    result = write()
-    p.idem[idem.key] = (idem.fingerprint, result_id)
-    p.idem_rows.append((idem.key, idem.fingerprint, result_id, p.now + idem.ttl))
-    return result
-
-
-def _create_op(p: Plan, op: ops.CreateConversation) -> Result:
-    if op.idempotency is None:
-        return _create(p, op)
-    return _idempotent(p, op.idempotency, op.conversation_id, lambda: _create(p, op))
-
-
-def _append_user_op(p: Plan, op: ops.AppendUserMessage) -> Result:
-    if op.idempotency is None:
-        return _append_user(p, op)
-    return _idempotent(p, op.idempotency, op.message_id, lambda: _append_user(p, op))
-
-
-#: op type -> its function: every member of ``ops.AnyOp`` (dispatched by exact type: a
-#: ``match`` made an ``isinstance`` through msgspec's metaclass per case tried)
-_PLAN: dict[type[Any], Callable[[Plan, Any], Result]] = {
-    ops.CreateConversation: _create_op,
-    ops.DeleteConversation: _delete_op,
-    ops.RenameConversation: _rename,
-    ops.AppendUserMessage: _append_user_op,
-    ops.StartTurn: _start_turn,
-    ops.AppendToolCalls: _tool_calls,
-    ops.AppendToolResult: _tool_result,
-    ops.FinishTurn: _finish_turn,
-    ops.Compact: _compact,
-    ops.RecoverTurns: _recover_turns,
-    ops.PurgeTemporary: _purge_temporary,
-    ops.PutA2ATask: _put_a2a_task,
-}
-
-
-def plan_op(p: Plan, op: ops.AnyOp) -> Result:
-    return _PLAN[type(op)](p, op)

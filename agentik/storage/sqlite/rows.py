@@ -1,6 +1,6 @@
-"""Row-level writes of the SQLite writer's ops (``sqlite.ops``), inside the batch transaction:
-a durable event with its outbox row at the next seq (``emit``), a journal record, a working
-memory item, the conversation's seq bump, a whole conversation's deletion (with its A2A tasks).
+"""Row-level writes of the SQLite engine's primitives (``sqlite.ops.SqliteTarget``), inside the
+batch transaction: a durable event with its outbox row (``emit``), a journal record, a working
+memory item, the conversation's seq bump.
 
 Every time stored is ``tx.now`` (the writer's clock at this batch). Conversation existence is
 checked by the row count of the conversation UPDATE that every seq-taking op performs, i.e.
@@ -22,18 +22,15 @@ from typing import Any
 import msgspec
 
 from agentik.errors import NotFoundError
-from agentik.storage.types import CONVERSATION_COLUMNS, StoredEvent, conversation_of
+from agentik.storage.types import CONVERSATION_COLUMNS, KINDS, StoredEvent, conversation_of
 from agentik.wire import (
     AgentEvent,
     CommonEvent,
-    ConversationClosing,
     ConversationRecord,
     Cursor,
-    Deleted,
     DurableEvent,
     Message,
     MessageRecord,
-    Touched,
     WorkingItem,
     encode,
 )
@@ -60,11 +57,10 @@ class Tx:
     outbox: list[Any] = field(default_factory=list)
 
 
-#: an outbox row's kind, bound as its index here (``RowsInsert``: a small int binds for a tenth
-#: of a string, which sqlite3 copies); a kind not listed fails the statement (NOT NULL)
-KINDS = ("agent", "conversation", "a2a")
-_KIND = {kind: i for i, kind in enumerate(KINDS)}
-_CONVERSATION = _KIND["conversation"]
+#: an outbox row's kind (``types.kind_of``), bound as its index here (``RowsInsert``: a small int
+#: binds for a tenth of a string, which sqlite3 copies), by the event's class
+_KINDS = ("agent", "conversation", "a2a")
+_KIND_INDEX = {cls: _KINDS.index(kind) for cls, kind in KINDS.items()}
 #: a journal row's type (the message's tag), bound as its index likewise
 _MESSAGE_TYPES = typing.get_args(Message)
 _TYPE = {cls: i for i, cls in enumerate(_MESSAGE_TYPES)}
@@ -78,17 +74,16 @@ def _case(values: typing.Iterable[str]) -> str:
     return f"CASE {{}} {whens} END"
 
 
-def emit(
-    tx: Tx, seq: int, conversation_id: str | None, event: DurableEvent | AgentEvent, *, kind: str
-) -> None:
+def emit(tx: Tx, seq: int, conversation_id: str | None, event: DurableEvent | AgentEvent) -> None:
     """The event at ``seq``, kept in ``tx.events``: its outbox row is written with the batch's
     (``write_outbox``)."""
     common = CommonEvent(
         cursor=Cursor(epoch=tx.epoch, offset=seq), conversation_id=conversation_id, event=event
     )
     raw = encode(common)
-    tx.events.append(StoredEvent(seq, conversation_id, kind, common, raw))
-    tx.outbox += (seq, conversation_id, _KIND[kind], bytearray(raw))
+    index = _KIND_INDEX[type(event)]
+    tx.events.append(StoredEvent(seq, conversation_id, _KINDS[index], common, raw))
+    tx.outbox += (seq, conversation_id, index, bytearray(raw))
 
 
 class RowsInsert:
@@ -137,7 +132,7 @@ class RowsInsert:
 
 _insert_outbox = RowsInsert(
     'INSERT OR ROLLBACK INTO outbox ("offset", conversation_id, kind, created_at, payload)',
-    f"({{}}, {{}}, {_case(KINDS)}, ?1, {{}})")
+    f"({{}}, {{}}, {_case(_KINDS)}, ?1, {{}})")
 _insert_message = RowsInsert(
     "INSERT OR ROLLBACK INTO message (seq, id, conversation_id, type, created_at, payload)",
     "({}, {}, {}, " + _case(c.__struct_config__.tag for c in _MESSAGE_TYPES) + ", ?1, {})")
@@ -166,12 +161,6 @@ def blob(value: Any) -> bytearray:
     buf = bytearray()
     _encode_into(value, buf)
     return buf
-
-
-def alloc(tx: Tx) -> int:
-    seq = tx.next_seq
-    tx.next_seq += 1
-    return seq
 
 
 def not_found(conversation_id: str) -> NotFoundError:
@@ -225,8 +214,8 @@ def journal(
     """The message's record at the next seq, its row pending in ``tx.messages``, and its event
     (``event``, one of the events carrying a record) emitted: the event is encoded once and the
     row's payload is the message's part of it (encoding the message again would give the same
-    bytes). (``alloc``, ``bump``'s note of a conversation already found, ``event_type`` and
-    ``emit`` inline: this runs for every message.)"""
+    bytes). (The seq's allocation, ``bump``'s note of a conversation already found,
+    ``event_type`` and ``emit`` inline: this runs for every message.)"""
     seq = tx.next_seq
     tx.next_seq = seq + 1
     if conversation_id in tx.seqs:
@@ -243,8 +232,9 @@ def journal(
     stored = bytearray(raw)  # the outbox row's payload, and the journal row's cut from it
     tx.messages += (seq, message_id, conversation_id, _TYPE[type(message)],
                     stored[raw.index(_MESSAGE) + 10:-3])
-    tx.events.append(StoredEvent(seq, conversation_id, "conversation", common, raw))
-    tx.outbox += (seq, conversation_id, _CONVERSATION, stored)
+    index = _KIND_INDEX[event]
+    tx.events.append(StoredEvent(seq, conversation_id, _KINDS[index], common, raw))
+    tx.outbox += (seq, conversation_id, index, stored)
     return record
 
 
@@ -276,24 +266,6 @@ def append_memory(
         "?, ?, ?)",
         (conversation_id, conversation_id, source_message_id, tx.now, blob(item)),
     )
-
-
-def touch(conn: sqlite3.Connection, tx: Tx, conversation_id: str) -> None:
-    seq = alloc(tx)
-    bump(conn, tx, conversation_id, seq, tx.now)
-    emit(tx, seq, conversation_id,
-          Touched(conversation_id=conversation_id, updated_at=tx.now), kind="agent")
-
-
-def delete_conversation(conn: sqlite3.Connection, tx: Tx, conversation_id: str, reason: str) -> None:
-    seq = alloc(tx)
-    emit(tx, seq, conversation_id, ConversationClosing(reason=reason), kind="conversation")
-    for table in ("message", "working_memory", "turn", "a2a_task"):  # its A2A tasks go too
-        conn.execute(f"DELETE FROM {table} WHERE conversation_id=?", (conversation_id,))
-    conn.execute("DELETE FROM conversation WHERE id=?", (conversation_id,))
-    tx.seqs.pop(conversation_id, None)
-    seq = alloc(tx)
-    emit(tx, seq, conversation_id, Deleted(conversation_id=conversation_id), kind="agent")
 
 
 def read_record(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecord:

@@ -1,0 +1,382 @@
+"""Each storage op, defined once for both engines: what it checks, reads and writes.
+
+An op is written against :class:`Target`, the primitives an engine provides inside one batch:
+checks and reads first (a refused op raises AgentikError before it writes anything: PostgreSQL
+plans a batch without savepoints, so a refusal must take nothing), then writes (an offset from
+``alloc``, a durable event from ``emit``, a journal record, working memory, turn rows, ...), then
+its result. SQLite (``sqlite/ops.py``) runs each primitive as SQL inside the batch transaction;
+PostgreSQL (``pg/plan_ops.py``) plans it into the rows of the batch's one statement. Adding an op
+or a field is a change here (and, for a new primitive, one method an engine: ``mypy`` refuses an
+engine that lacks it, ``tests/test_storage_ops.py`` runs every op on both engines).
+
+``Rec`` is how an engine hands back a journal record it wrote (SQLite: the record; PostgreSQL:
+its batch-relative offset, the record is made after commit) and ``Res`` how it hands back an
+op's result (SQLite: the value; PostgreSQL: what makes it from the batch's base offset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from agentik.errors import ConflictError, StorageError
+from agentik.ids import new_id
+from agentik.storage import ops
+from agentik.wire import (
+    AgentEvent,
+    AssistantMessageEvent,
+    CompactionTriggered,
+    ConversationClosing,
+    ConversationRecord,
+    Created,
+    Deleted,
+    DurableEvent,
+    Error,
+    ErrorEvent,
+    Interrupted,
+    Message,
+    MessageRecord,
+    Renamed,
+    SystemItem,
+    TaskUpdated,
+    ToolCallEvent,
+    ToolFailed,
+    ToolResultEvent,
+    Touched,
+    UserMessageEvent,
+    WorkingItem,
+)
+
+Rec = TypeVar("Rec")
+Res = TypeVar("Res")
+Res_co = TypeVar("Res_co", covariant=True)
+
+#: the events that carry a journal record (``Target.journal``)
+RecordEvent = (UserMessageEvent | AssistantMessageEvent | ToolCallEvent | ToolResultEvent
+               | ToolFailed | ErrorEvent)
+
+
+class Target(Protocol[Rec, Res_co]):
+    """What an engine provides to the ops of one batch (see the module docstring)."""
+
+    #: the batch's time: every time it stores
+    now: float
+
+    # --- checks and reads -------------------------------------------------------------------
+
+    def require(self, conversation_id: str) -> None:
+        """NotFoundError unless the conversation exists (as the batch left it so far)."""
+
+    def exists(self, conversation_id: str) -> bool: ...
+
+    def idempotency(self, key: str) -> tuple[str, str] | None:
+        """(fingerprint, result id) stored under ``key`` and not expired, or None."""
+
+    def task_seq(self, task_id: str) -> int | str | None:
+        """The A2A task's stored seq (None: no such task), or why it cannot be compared."""
+
+    def open_turns(self, conversation_id: str | None) -> list[tuple[str, str]]:
+        """The open turns (conversation id, turn id) of live conversations, of one conversation
+        or of all, in the order they came."""
+
+    def temporary(self) -> list[str]:
+        """The temporary conversations to purge (start-up)."""
+
+    def stored_records(self, ids: tuple[str, ...]) -> list[MessageRecord]:
+        """Those of the journal records ``ids`` already stored, in that order (a recheck)."""
+
+    def turn_open(self, conversation_id: str, turn_id: str) -> bool: ...
+
+    def started(self, conversation_id: str, turn_id: str) -> bool:
+        """Whether the turn's user item is in working memory (a recheck)."""
+
+    def compacted(self, op: ops.Compact) -> bool:
+        """Whether ``op`` is stored (a recheck: ``ops.compacted``)."""
+
+    # --- writes -------------------------------------------------------------------------------
+
+    def alloc(self) -> int:
+        """The next offset of the batch."""
+
+    def emit(self, seq: int, conversation_id: str | None,
+             event: DurableEvent | AgentEvent) -> None:
+        """The durable event at ``seq`` (its outbox kind from its class: ``types.kind_of``)."""
+
+    def journal(self, conversation_id: str, message_id: str, message: Message,
+                event: type[RecordEvent]) -> Rec:
+        """The message's record at the next offset, with its event; the conversation's seq
+        bumped to it. NotFoundError if the conversation does not exist: checked before the
+        offset is taken (the hot path needs no ``require`` of its own)."""
+
+    def new_conversation(self, op: ops.CreateConversation, seq: int) -> ConversationRecord:
+        """The conversation's row at ``seq``; its record as its Created event carries it."""
+
+    def rename(self, conversation_id: str, title: str | None, seq: int) -> None: ...
+
+    def bump(self, conversation_id: str, seq: int, *, touch: bool = False) -> None:
+        """The conversation's seq (and with ``touch`` its updated_at) set to ``seq``."""
+
+    def remember(self, conversation_id: str, item: WorkingItem, source: str | None) -> None:
+        """``item`` appended to working memory (``source``: the message it came from)."""
+
+    def forget(self, conversation_id: str, from_idx: int) -> None:
+        """The working-memory items with order_idx >= ``from_idx`` removed."""
+
+    def compact(self, conversation_id: str, before_idx: int, summary: WorkingItem | None) -> None:
+        """The items between the system prompt and ``before_idx`` replaced by ``summary``."""
+
+    def open_turn(self, conversation_id: str, turn_id: str, running: bool, user: Rec) -> None:
+        """The turn's row, at its user message's offset (``user``: its record)."""
+
+    def run_turn(self, conversation_id: str, turn_id: str) -> None: ...
+
+    def close_turn(self, conversation_id: str, turn_id: str) -> None: ...
+
+    def drop_turns(self, conversation_id: str | None) -> None:
+        """Every open turn of one conversation or of all removed (after ``open_turns``)."""
+
+    def drop_conversation(self, conversation_id: str) -> None:
+        """The conversation's rows removed: journal, working memory, turns, A2A tasks."""
+
+    def put_task(self, op: ops.PutA2ATask, seq: int) -> None: ...
+
+    def keep_key(self, idem: ops.Idempotency, result_id: str) -> None:
+        """``idem`` stored with the write whose result is ``result_id``."""
+
+    # --- results ------------------------------------------------------------------------------
+
+    def value(self, value: object) -> Res_co: ...
+
+    def record(self, record: Rec) -> Res_co: ...
+
+    def records(self, records: list[Rec]) -> Res_co: ...
+
+    def conversation(self, conversation_id: str) -> Res_co:
+        """The conversation's record as the op left it."""
+
+    def offset(self, seq: int) -> Res_co: ...
+
+
+# --- shared steps --------------------------------------------------------------------------------
+
+
+def touch(t: Target[Rec, Res], cid: str) -> None:
+    seq = t.alloc()
+    t.bump(cid, seq, touch=True)
+    t.emit(seq, cid, Touched(conversation_id=cid, updated_at=t.now))
+
+
+def delete(t: Target[Rec, Res], cid: str, reason: str) -> None:
+    t.emit(t.alloc(), cid, ConversationClosing(reason=reason))
+    t.drop_conversation(cid)
+    t.emit(t.alloc(), cid, Deleted(conversation_id=cid))
+
+
+def idempotent(t: Target[Rec, Res], idem: ops.Idempotency | None, result_id: str,
+               write: Callable[[], Res]) -> Res:
+    """``write`` stored with its key, or the key's replay (``ops.replay``)."""
+    if idem is None:
+        return write()
+    replayed = ops.replay(t.idempotency(idem.key), idem)
+    if replayed is not None:
+        return t.value(replayed)
+    result = write()
+    t.keep_key(idem, result_id)
+    return result
+
+
+def _stored(t: Target[Rec, Res], op: ops.Recheckable) -> Res | None:
+    """A rechecked op's result when its first attempt is stored (``ops.rechecked``): one of its
+    records is in the journal, or (a FinishTurn) its turn row is gone; else None."""
+    records = t.stored_records(ops.journal_ids(op))
+    if not records and (type(op) is not ops.FinishTurn or op.turn_id is None
+                        or t.turn_open(op.conversation_id, op.turn_id)):
+        return None
+    return t.value(records[0] if type(op) is ops.AppendToolResult else records)
+
+
+# --- the ops -------------------------------------------------------------------------------------
+
+
+def _create(t: Target[Rec, Res], op: ops.CreateConversation) -> Res:
+    cid = op.conversation_id
+    if t.exists(cid):
+        raise StorageError(f"conversation {cid!r} already exists")
+    seq = t.alloc()
+    record = t.new_conversation(op, seq)
+    t.remember(cid, SystemItem(text=op.system_prompt), None)
+    t.emit(seq, cid, Created(conversation=record))
+    return t.conversation(cid)
+
+
+def create(t: Target[Rec, Res], op: ops.CreateConversation) -> Res:
+    return idempotent(t, op.idempotency, op.conversation_id, lambda: _create(t, op))
+
+
+def delete_conversation(t: Target[Rec, Res], op: ops.DeleteConversation) -> Res:
+    if not t.exists(op.conversation_id):
+        return t.value(False)
+    delete(t, op.conversation_id, "deleted")
+    return t.value(True)
+
+
+def rename(t: Target[Rec, Res], op: ops.RenameConversation) -> Res:
+    cid = op.conversation_id
+    t.require(cid)
+    seq = t.alloc()
+    t.rename(cid, op.title, seq)
+    t.emit(seq, cid, Renamed(conversation_id=cid, title=op.title, updated_at=t.now))
+    return t.conversation(cid)
+
+
+def _append_user(t: Target[Rec, Res], op: ops.AppendUserMessage) -> Res:
+    cid, mid, start = op.conversation_id, op.message_id, op.start
+    record = t.journal(cid, mid, op.message, UserMessageEvent)
+    t.open_turn(cid, mid, start is not None, record)
+    if start is not None:
+        t.remember(cid, start, mid)
+    return t.record(record)
+
+
+def append_user(t: Target[Rec, Res], op: ops.AppendUserMessage) -> Res:
+    """The user message, its turn and, if it starts with it (``ops.AppendUserMessage.start``),
+    its working-memory item; under an Idempotency-Key, that stored with the key, or the key's
+    replay."""
+    if op.idempotency is None:
+        return _append_user(t, op)
+    return idempotent(t, op.idempotency, op.message_id, lambda: _append_user(t, op))
+
+
+def start_turn(t: Target[Rec, Res], op: ops.StartTurn) -> Res:
+    cid = op.conversation_id
+    t.require(cid)
+    if op.recheck and t.started(cid, op.turn_id):  # stored: its user item is in working memory
+        return t.value(None)
+    t.remember(cid, op.item, op.turn_id)
+    t.run_turn(cid, op.turn_id)
+    return t.value(None)
+
+
+def tool_calls(t: Target[Rec, Res], op: ops.AppendToolCalls) -> Res:
+    cid = op.conversation_id
+    if op.recheck:
+        t.require(cid)
+        if (stored := _stored(t, op)) is not None:
+            return stored
+    elif not op.calls:
+        t.require(cid)  # an empty round takes no seq: checked here
+    made = [t.journal(cid, message_id, call, ToolCallEvent)
+            for message_id, call in op.calls]
+    t.remember(cid, op.item, None)
+    return t.records(made)
+
+
+def tool_result(t: Target[Rec, Res], op: ops.AppendToolResult) -> Res:
+    cid = op.conversation_id
+    if op.recheck:
+        t.require(cid)
+        if (stored := _stored(t, op)) is not None:
+            return stored
+    record = t.journal(cid, op.message_id, op.result,
+                       ToolFailed if op.result.is_error else ToolResultEvent)
+    t.remember(cid, op.item, op.message_id)
+    return t.record(record)
+
+
+def finish_turn(t: Target[Rec, Res], op: ops.FinishTurn) -> Res:
+    """The turn's terminal records (answer, Interrupted, Error), its working memory past
+    ``forget_from`` removed, its turn row closed, then Touched."""
+    cid = op.conversation_id
+    t.require(cid)
+    if op.recheck and (stored := _stored(t, op)) is not None:
+        return stored
+    made: list[Rec] = []
+    if op.assistant is not None:
+        message_id, answer = op.assistant
+        made.append(t.journal(cid, message_id, answer, AssistantMessageEvent))
+        if op.item is not None:
+            t.remember(cid, op.item, message_id)
+    if op.interrupted:
+        seq = t.alloc()
+        t.bump(cid, seq)
+        t.emit(seq, cid, Interrupted(turn_id=op.turn_id))
+    if op.error is not None:
+        message_id, error = op.error
+        made.append(t.journal(cid, message_id, error, ErrorEvent))
+    if op.forget_from is not None:
+        t.forget(cid, op.forget_from)
+    if op.turn_id is not None:
+        t.close_turn(cid, op.turn_id)
+    touch(t, cid)
+    return t.records(made)
+
+
+def compact(t: Target[Rec, Res], op: ops.Compact) -> Res:
+    cid = op.conversation_id
+    t.require(cid)
+    if op.recheck and t.compacted(op):
+        return t.value(None)
+    t.compact(cid, op.before_order_idx, op.summary)
+    seq = t.alloc()
+    t.bump(cid, seq)
+    t.emit(seq, cid, CompactionTriggered(dropped_items=op.dropped,
+                                         summary=getattr(op.summary, "text", None)))
+    return t.value(None)
+
+
+def recover_turns(t: Target[Rec, Res], op: ops.RecoverTurns) -> Res:
+    turns = t.open_turns(op.conversation_id)
+    for cid, turn_id in turns:
+        error = Error(message=op.message, code=op.code, turn_id=turn_id)
+        t.journal(cid, new_id(), error, ErrorEvent)
+        touch(t, cid)
+    t.drop_turns(op.conversation_id)
+    return t.value(len(turns))
+
+
+def purge_temporary(t: Target[Rec, Res], op: ops.PurgeTemporary) -> Res:
+    ids = t.temporary()
+    for cid in ids:
+        if t.exists(cid):
+            delete(t, cid, "temporary conversation ended by restart")
+    return t.value(len(ids))
+
+
+def put_a2a_task(t: Target[Rec, Res], op: ops.PutA2ATask) -> Res:
+    if op.conversation_id is not None:  # its tasks went with it: none outlives it
+        t.require(op.conversation_id)
+    stored = t.task_seq(op.task_id)
+    if stored != op.expect_seq:
+        shown = stored if isinstance(stored, str) else f"at seq {stored}"
+        raise ConflictError(f"task {op.task_id!r} is {shown}, the change expected {op.expect_seq}")
+    seq = t.alloc()
+    t.put_task(op, seq)
+    t.emit(seq, op.conversation_id, TaskUpdated(task_id=op.task_id, context_id=op.context_id,
+                                                state=op.state, update=msgspec.Raw(op.update)))
+    return t.offset(seq)
+
+
+#: op type -> its definition: every member of ``ops.AnyOp`` (dispatched by exact type, a dict
+#: look-up: a ``match`` made an ``isinstance`` through msgspec's metaclass per case tried)
+APPLY: dict[type[Any], Callable[[Any, Any], Any]] = {
+    ops.CreateConversation: create,
+    ops.DeleteConversation: delete_conversation,
+    ops.RenameConversation: rename,
+    ops.AppendUserMessage: append_user,
+    ops.StartTurn: start_turn,
+    ops.AppendToolCalls: tool_calls,
+    ops.AppendToolResult: tool_result,
+    ops.FinishTurn: finish_turn,
+    ops.Compact: compact,
+    ops.RecoverTurns: recover_turns,
+    ops.PurgeTemporary: purge_temporary,
+    ops.PutA2ATask: put_a2a_task,
+}
+
+
+def apply_op(t: Target[Rec, Res], op: ops.AnyOp) -> Res:
+    """``op`` applied to ``t``: its result. Raises AgentikError when it is refused."""
+    result: Res = APPLY[type(op)](t, op)
+    return result

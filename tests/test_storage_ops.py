@@ -1,0 +1,450 @@
+"""The per-op contract, on both engines: a case for every field of every op (``ops.AnyOp``),
+each run through the StorageActor on SQLite and on PostgreSQL and checked by what the read side
+returns. An op's field with no case fails :func:`test_every_field_of_every_op_has_a_case`, so a
+field added to an op is one change in ``storage/apply.py`` and one case here."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+
+import msgspec
+import pytest
+import trio
+
+from agentik.errors import ConflictError, IdempotencyKeyReusedError, NotFoundError
+from agentik.storage import ops
+from agentik.storage.actor import Storage, run_storage
+from agentik.storage.types import StoredEvent
+from agentik.wire import (
+    AssistantItem,
+    AssistantMessage,
+    Error,
+    MessageRecord,
+    SummaryItem,
+    SystemItem,
+    Text,
+    ToolCall,
+    ToolCallSpec,
+    ToolItem,
+    ToolResult,
+    UserItem,
+    UserMessage,
+    WorkingItem,
+)
+from tests.conftest import StorageTarget
+
+Case = Callable[[Storage], Awaitable[None]]
+#: (op class, field) -> the case that shows the field does what it says, on either engine
+CASES: dict[tuple[type, str], Case] = {}
+
+
+def case(op: type, *fields: str) -> Callable[[Case], Case]:
+    def register(fn: Case) -> Case:
+        for field in fields or ("",):
+            CASES[(op, field)] = fn
+        return fn
+    return register
+
+
+def test_every_field_of_every_op_has_a_case() -> None:
+    wanted = {(cls, f.name) for cls in typing.get_args(ops.AnyOp)
+              for f in msgspec.structs.fields(cls)} | {(ops.PurgeTemporary, "")}
+    assert wanted - set(CASES) == set()
+
+
+@asynccontextmanager
+async def open_storage(target: StorageTarget) -> AsyncIterator[Storage]:
+    async with trio.open_nursery() as nursery:
+        storage: Storage = await nursery.start(
+            partial(run_storage, target.path, database_url=target.url))
+        yield storage
+        nursery.cancel_scope.cancel()
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def user(text: str = "q") -> UserItem:
+    return UserItem(content=[Text(body=text)])
+
+
+async def create(st: Storage, cid: str = "c", *, temporal: bool = False) -> None:
+    await st.write(ops.CreateConversation(conversation_id=cid, title=None, is_temporal=temporal,
+                                          system_prompt="sys"))
+
+
+async def send(st: Storage, mid: str, cid: str = "c", *, start: bool = False) -> MessageRecord:
+    record = await st.write(ops.AppendUserMessage(
+        conversation_id=cid, message_id=mid, message=UserMessage(content=[Text(body=mid)]),
+        start=user(mid) if start else None))
+    assert isinstance(record, MessageRecord)
+    return record
+
+
+async def memory(st: Storage, cid: str = "c") -> list[WorkingItem]:
+    return [item for _, item in await st.reader.working_memory(cid)]
+
+
+async def journal(st: Storage, cid: str = "c") -> list[MessageRecord]:
+    return await st.reader.journal(cid, 0, None, 1000)
+
+
+async def events(st: Storage, after: int = 0) -> list[StoredEvent]:
+    _, _, page = await st.reader.outbox_page(after, None, None, 1000)
+    return page
+
+
+async def open_turns(st: Storage, cid: str = "c") -> int:
+    """How many turns of ``cid`` are open (closing them: RecoverTurns counts them)."""
+    closed = await st.write(ops.RecoverTurns(conversation_id=cid))
+    assert isinstance(closed, int)
+    return closed
+
+
+def call(mid: str) -> tuple[str, ToolCall]:
+    return (mid, ToolCall(call_id=f"k-{mid}", name="add", arguments="{}"))
+
+
+def calls_item(*mids: str) -> AssistantItem:
+    return AssistantItem(content=[], tool_calls=[
+        ToolCallSpec(call_id=f"k-{m}", name="add", arguments="{}") for m in mids])
+
+
+def key(fingerprint: str) -> ops.Idempotency:
+    return ops.Idempotency(key="k1", fingerprint=fingerprint, ttl=60.0)
+
+
+# --- CreateConversation, DeleteConversation, RenameConversation ----------------------------------
+
+
+@case(ops.CreateConversation, "conversation_id", "title", "is_temporal", "system_prompt")
+async def _create(st: Storage) -> None:
+    made = await st.write(ops.CreateConversation(conversation_id="c", title="t", is_temporal=True,
+                                                 system_prompt="be brief"))
+    stored = await st.reader.get_conversation("c")
+    assert stored is not None and (stored.id, stored.title, stored.is_temporal) == ("c", "t", True)
+    assert made == stored and stored.seq == 1
+    assert await memory(st) == [SystemItem(text="be brief")]
+    (created,) = await events(st)
+    assert (created.kind, created.type, created.offset) == ("agent", "created", 1)
+    assert created.event.event.conversation == stored  # type: ignore[union-attr]
+
+
+@case(ops.CreateConversation, "idempotency")
+async def _create_idempotent(st: Storage) -> None:
+    op = ops.CreateConversation(conversation_id="c", title=None, is_temporal=False,
+                                system_prompt="s", idempotency=key("f"))
+    await st.write(op)
+    assert await st.write(msgspec.structs.replace(op, conversation_id="c2")) == ops.Replayed(
+        result_id="c")
+    with pytest.raises(IdempotencyKeyReusedError):
+        await st.write(msgspec.structs.replace(op, conversation_id="c3", idempotency=key("g")))
+    assert [c.id for c in await st.reader.list_conversations(0, 10)] == ["c"]
+    assert await st.reader.idempotency_key("k1", 0.0) == ("f", "c")
+
+
+@case(ops.DeleteConversation, "conversation_id")
+async def _delete(st: Storage) -> None:
+    await create(st)
+    await send(st, "m")
+    await st.write(ops.PutA2ATask(task_id="t", context_id="x", conversation_id="c",
+                                  state="working", task=b"{}", update=b"{}", expect_seq=None))
+    assert await st.write(ops.DeleteConversation(conversation_id="c")) is True
+    assert await st.reader.get_conversation("c") is None
+    assert await journal(st) == [] and await memory(st) == []
+    assert await st.reader.get_a2a_task("t") is None
+    assert [(e.kind, e.type) for e in (await events(st))[-2:]] == [
+        ("conversation", "conversation_closing"), ("agent", "deleted")]
+    assert await st.write(ops.DeleteConversation(conversation_id="c")) is False
+
+
+@case(ops.RenameConversation, "conversation_id", "title")
+async def _rename(st: Storage) -> None:
+    await create(st)
+    renamed = await st.write(ops.RenameConversation(conversation_id="c", title="new"))
+    assert renamed == await st.reader.get_conversation("c")
+    assert renamed.title == "new" and renamed.seq == 2
+    last = (await events(st))[-1]
+    assert (last.kind, last.type, last.offset) == ("agent", "renamed", 2)
+    with pytest.raises(NotFoundError):
+        await st.write(ops.RenameConversation(conversation_id="nope", title="x"))
+    await send(st, "m")  # a refusal leaves no hole
+    assert [e.offset for e in await events(st)] == [1, 2, 3]
+
+
+# --- a turn's writes -----------------------------------------------------------------------------
+
+
+@case(ops.AppendUserMessage, "conversation_id", "message_id", "message")
+async def _append_user(st: Storage) -> None:
+    await create(st)
+    record = await send(st, "m1")
+    assert await journal(st) == [record] and record.seq == 2
+    assert record.message == UserMessage(content=[Text(body="m1")])
+    conversation = await st.reader.get_conversation("c")
+    assert conversation is not None and conversation.seq == 2
+    last = (await events(st))[-1]
+    assert (last.kind, last.type, last.offset) == ("conversation", "user_message", 2)
+    assert await memory(st) == [SystemItem(text="sys")]  # not before its turn starts
+    with pytest.raises(NotFoundError):
+        await send(st, "m2", "nope")
+    assert (await send(st, "m3")).seq == 3  # no hole
+    assert await open_turns(st) == 2
+
+
+@case(ops.AppendUserMessage, "idempotency")
+async def _append_user_idempotent(st: Storage) -> None:
+    await create(st)
+    op = ops.AppendUserMessage(conversation_id="c", message_id="m1", idempotency=key("f"),
+                               message=UserMessage(content=[Text(body="x")]))
+    await st.write(op)
+    assert await st.write(msgspec.structs.replace(op, message_id="m2")) == ops.Replayed(
+        result_id="m1")
+    with pytest.raises(IdempotencyKeyReusedError):
+        await st.write(msgspec.structs.replace(op, message_id="m3", idempotency=key("g")))
+    assert [r.id for r in await journal(st)] == ["m1"]
+
+
+@case(ops.AppendUserMessage, "start")
+async def _append_user_start(st: Storage) -> None:
+    await create(st)
+    await send(st, "m1", start=True)
+    rows = await st.reader.working_memory("c")
+    assert rows == [(1, SystemItem(text="sys")), (2, user("m1"))]
+    assert await open_turns(st) == 1
+
+
+@case(ops.StartTurn, "conversation_id", "turn_id", "item")
+async def _start_turn(st: Storage) -> None:
+    await create(st)
+    await send(st, "m1")
+    assert await st.write(ops.StartTurn(conversation_id="c", turn_id="m1", item=user())) is None
+    assert await memory(st) == [SystemItem(text="sys"), user()]
+    assert len(await events(st)) == 2  # takes no offset
+    with pytest.raises(NotFoundError):
+        await st.write(ops.StartTurn(conversation_id="nope", turn_id="m1", item=user()))
+
+
+@case(ops.StartTurn, "recheck")
+async def _start_turn_recheck(st: Storage) -> None:
+    await create(st)
+    await send(st, "m1")
+    op = ops.StartTurn(conversation_id="c", turn_id="m1", item=user())
+    await st.write(op)
+    await st.write(ops.rechecked(op))  # stored already: nothing again
+    assert await memory(st) == [SystemItem(text="sys"), user()]
+    await send(st, "m2")
+    await st.write(ops.rechecked(msgspec.structs.replace(op, turn_id="m2")))  # not stored: it is
+    assert len(await memory(st)) == 3
+
+
+@case(ops.AppendToolCalls, "conversation_id", "calls", "item")
+async def _tool_calls(st: Storage) -> None:
+    await create(st)
+    made = await st.write(ops.AppendToolCalls(conversation_id="c", calls=(call("a"), call("b")),
+                                              item=calls_item("a", "b")))
+    assert made == await journal(st) and [r.id for r in made] == ["a", "b"]
+    assert [r.seq for r in made] == [2, 3]
+    assert [e.type for e in await events(st)][1:] == ["tool_call", "tool_call"]
+    assert await memory(st) == [SystemItem(text="sys"), calls_item("a", "b")]
+    # a round with no calls takes no offset but is checked
+    assert await st.write(ops.AppendToolCalls(conversation_id="c", calls=(),
+                                              item=calls_item())) == []
+    with pytest.raises(NotFoundError):
+        await st.write(ops.AppendToolCalls(conversation_id="nope", calls=(), item=calls_item()))
+
+
+@case(ops.AppendToolCalls, "recheck")
+async def _tool_calls_recheck(st: Storage) -> None:
+    await create(st)
+    op = ops.AppendToolCalls(conversation_id="c", calls=(call("a"),), item=calls_item("a"))
+    first = await st.write(op)
+    assert await st.write(ops.rechecked(op)) == first
+    assert len(await journal(st)) == 1 and len(await memory(st)) == 2
+
+
+def _result(error: bool) -> ToolResult:
+    return ToolResult(call_id="k-a", name="add", content="3", is_error=error)
+
+
+@case(ops.AppendToolResult, "conversation_id", "message_id", "result", "item")
+async def _tool_result(st: Storage) -> None:
+    await create(st)
+    item = ToolItem(call_id="k-a", name="add", content="3")
+    for mid, error in (("r1", False), ("r2", True)):
+        record = await st.write(ops.AppendToolResult(conversation_id="c", message_id=mid,
+                                                     result=_result(error), item=item))
+        assert record == (await journal(st))[-1] and record.message == _result(error)
+    assert [e.type for e in await events(st)][1:] == ["tool_result", "tool_failed"]
+    assert await memory(st) == [SystemItem(text="sys"), item, item]
+
+
+@case(ops.AppendToolResult, "recheck")
+async def _tool_result_recheck(st: Storage) -> None:
+    await create(st)
+    op = ops.AppendToolResult(conversation_id="c", message_id="r1", result=_result(False),
+                              item=ToolItem(call_id="k-a", name="add", content="3"))
+    first = await st.write(op)
+    assert await st.write(ops.rechecked(op)) == first
+    assert len(await journal(st)) == 1 and len(await memory(st)) == 2
+
+
+def _answer(text: str = "a") -> tuple[str, AssistantMessage]:
+    return (f"a-{text}", AssistantMessage(content=[Text(body=text)]))
+
+
+@case(ops.FinishTurn, "conversation_id", "turn_id", "assistant", "item")
+async def _finish(st: Storage) -> None:
+    await create(st)
+    await send(st, "m1", start=True)
+    item = AssistantItem(content=[Text(body="a")])
+    made = await st.write(ops.FinishTurn(conversation_id="c", turn_id="m1", assistant=_answer(),
+                                         item=item))
+    assert made == (await journal(st))[-1:] and made[0].id == "a-a"
+    assert [(e.kind, e.type) for e in (await events(st))[-2:]] == [
+        ("conversation", "assistant_message"), ("agent", "touched")]
+    assert await memory(st) == [SystemItem(text="sys"), user("m1"), item]
+    assert await open_turns(st) == 0  # its turn is closed
+
+
+@case(ops.FinishTurn, "interrupted", "error")
+async def _finish_interrupted(st: Storage) -> None:
+    await create(st)
+    await send(st, "m1", start=True)
+    error = ("e1", Error(message="boom", code="x", turn_id="m1"))
+    made = await st.write(ops.FinishTurn(conversation_id="c", turn_id="m1", interrupted=True,
+                                         error=error))
+    assert [r.id for r in made] == ["e1"] and made[0].message == error[1]
+    assert [e.type for e in (await events(st))[-3:]] == ["interrupted", "error", "touched"]
+    assert (await events(st))[-3].event.event.turn_id == "m1"  # type: ignore[union-attr]
+
+
+@case(ops.FinishTurn, "forget_from")
+async def _finish_forget_from(st: Storage) -> None:
+    """A turn too big for the context window: its items leave working memory (the journal keeps
+    them), and the next turn's item comes right after what is left."""
+    await create(st)
+    await send(st, "big", start=True)
+    await st.write(ops.FinishTurn(conversation_id="c", turn_id="big", forget_from=2,
+                                  error=("e1", Error(message="too big", turn_id="big"))))
+    assert await memory(st) == [SystemItem(text="sys")]
+    assert [r.id for r in await journal(st)] == ["big", "e1"]
+    await send(st, "next", start=True)
+    assert await st.reader.working_memory("c") == [(1, SystemItem(text="sys")), (2, user("next"))]
+
+
+@case(ops.FinishTurn, "recheck")
+async def _finish_recheck(st: Storage) -> None:
+    await create(st)
+    await send(st, "m1", start=True)
+    op = ops.FinishTurn(conversation_id="c", turn_id="m1", assistant=_answer())
+    first = await st.write(op)
+    assert await st.write(ops.rechecked(op)) == first
+    assert [r.id for r in await journal(st)] == ["m1", "a-a"]
+    # with no record of its own, a closed turn is what says it is stored
+    await send(st, "m2", start=True)
+    bare = ops.FinishTurn(conversation_id="c", turn_id="m2")
+    await st.write(bare)
+    before = len(await events(st))
+    assert await st.write(ops.rechecked(bare)) == []
+    assert len(await events(st)) == before
+
+
+@case(ops.Compact, "conversation_id", "before_order_idx", "summary", "dropped")
+async def _compact(st: Storage) -> None:
+    await create(st)
+    for mid in ("m1", "m2", "m3"):
+        await send(st, mid, start=True)
+    summary = SummaryItem(text="so far")
+    await st.write(ops.Compact(conversation_id="c", before_order_idx=4, summary=summary,
+                               dropped=2))
+    assert await memory(st) == [SystemItem(text="sys"), summary, user("m3")]
+    last = (await events(st))[-1]
+    assert (last.kind, last.type) == ("conversation", "compaction_triggered")
+    assert (last.event.event.dropped_items, last.event.event.summary) == (2, "so far")  # type: ignore[union-attr]
+    await st.write(ops.Compact(conversation_id="c", before_order_idx=4, summary=None, dropped=1))
+    assert await memory(st) == [SystemItem(text="sys"), user("m3")]
+
+
+@case(ops.Compact, "recheck")
+async def _compact_recheck(st: Storage) -> None:
+    await create(st)
+    for mid in ("m1", "m2"):
+        await send(st, mid, start=True)
+    op = ops.Compact(conversation_id="c", before_order_idx=3, summary=SummaryItem(text="s"),
+                     dropped=1)
+    await st.write(op)
+    before = len(await events(st))
+    await st.write(ops.rechecked(op))
+    assert len(await events(st)) == before
+    assert await memory(st) == [SystemItem(text="sys"), SummaryItem(text="s"), user("m2")]
+
+
+# --- start-up and recovery -----------------------------------------------------------------------
+
+
+@case(ops.RecoverTurns, "conversation_id", "message", "code")
+async def _recover(st: Storage) -> None:
+    await create(st, "c1")
+    await create(st, "c2")
+    await send(st, "m1", "c1")
+    await send(st, "m2", "c2")
+    assert await st.write(ops.RecoverTurns(conversation_id="c1", message="lost", code="node")) == 1
+    (_, error) = await journal(st, "c1")
+    assert error.message == Error(message="lost", code="node", turn_id="m1")
+    assert [e.type for e in (await events(st))[-2:]] == ["error", "touched"]
+    assert await st.write(ops.RecoverTurns()) == 1  # every conversation: c2's
+    assert (await journal(st, "c2"))[-1].message == Error(
+        message="interrupted by restart", code="restart", turn_id="m2")
+    assert await st.write(ops.RecoverTurns()) == 0
+
+
+@case(ops.PurgeTemporary)
+async def _purge(st: Storage) -> None:
+    await create(st, "keep")
+    await create(st, "temp", temporal=True)
+    assert await st.write(ops.PurgeTemporary()) == 1
+    assert [c.id for c in await st.reader.list_conversations(0, 10)] == ["keep"]
+    assert [e.type for e in (await events(st))[-2:]] == ["conversation_closing", "deleted"]
+
+
+# --- A2A -----------------------------------------------------------------------------------------
+
+
+@case(ops.PutA2ATask, "task_id", "context_id", "conversation_id", "state", "task", "update",
+      "expect_seq")
+async def _put_task(st: Storage) -> None:
+    await create(st)
+    op = ops.PutA2ATask(task_id="t", context_id="x", conversation_id="c", state="working",
+                        task=b'{"v":1}', update=b'{"u":1}', expect_seq=None)
+    first = await st.write(op)
+    row = await st.reader.get_a2a_task("t")
+    assert row is not None and (row.id, row.context_id, row.conversation_id, row.state) == (
+        "t", "x", "c", "working")
+    assert (row.payload, row.first_seq, row.seq) == (b'{"v":1}', first, first)
+    last = (await events(st))[-1]
+    assert (last.kind, last.type, last.offset) == ("a2a", "task_updated", first)
+    assert last.event.event.update == msgspec.Raw(b'{"u":1}')  # type: ignore[union-attr]
+    with pytest.raises(ConflictError):
+        await st.write(op)  # it exists now: expect_seq None is stale
+    second = await st.write(msgspec.structs.replace(op, state="done", task=b'{"v":2}',
+                                                    expect_seq=first))
+    row = await st.reader.get_a2a_task("t")
+    assert row is not None and (row.state, row.payload, row.first_seq, row.seq) == (
+        "done", b'{"v":2}', first, second)
+    with pytest.raises(NotFoundError):
+        await st.write(msgspec.structs.replace(op, task_id="t2", conversation_id="nope"))
+    assert await st.write(msgspec.structs.replace(op, task_id="t3", conversation_id=None)) > second
+
+
+# --- the runs (after every case is registered) -----------------------------------------------
+
+
+@pytest.mark.parametrize("key", list(CASES), ids=lambda k: f"{k[0].__name__}.{k[1]}")
+async def test_op_field(target: StorageTarget, key: tuple[type, str]) -> None:
+    with trio.fail_after(30):
+        async with open_storage(target) as st:
+            await CASES[key](st)
