@@ -226,3 +226,36 @@ async def test_the_writer_thread_plans_ahead_under_load_and_loses_nothing(pg_url
         mine = [x for x in ids if x.startswith(f"w{w:03d}-")]
         assert mine == [f"w{w:03d}-{i}" for i in range(5)]
     assert [r.seq for r in journal] == list(range(2, 1002))
+
+
+def test_stale_fence_refuses_a_batch_planned_before_the_lease_was_lost_and_regained(
+    pg_url: str
+) -> None:
+    """Node ``a`` holds conversation c (fence 1) and sends a batch planned with that fence;
+    before the statement checks it, another node claims c (fence 2) and ``a`` claims it back
+    (fence 3): ``a`` owns c again, but with a newer fence. The batch planned with fence 1 must
+    store nothing (the statement's fence check: its owner's node AND fence), and is then planned
+    again with fence 3 and stored once."""
+    import psycopg
+
+    from agentik.storage.pg.lease import Leases
+
+    w = _writer(pg_url)
+    w.leases = leases = Leases(pg_url, node_id="a", ttl=10.0, addr=None)
+    try:
+        w.commit_batch([ops.CreateConversation(conversation_id="c", title=None,
+                                               is_temporal=False, system_prompt="s")])
+        leases.fences["c"] = 1
+        with psycopg.connect(pg_url) as other:  # the claims, held uncommitted: the row is locked
+            other.execute("UPDATE conv_owner SET node_id = 'b', fence = 2 WHERE conversation_id = 'c'")
+            other.execute("UPDATE conv_owner SET node_id = 'a', fence = 3 WHERE conversation_id = 'c'")
+            flight = w.begin([_send("m1")])  # sent with fence 1; it waits for the row
+            other.commit()
+        leases.fences["c"] = 3  # the node learns it holds c again, with fence 3
+        w.land(flight)
+        assert flight.exact is False, "the batch planned with the stale fence was stored"
+        assert [r.id for r in w.result(flight).results] == ["m1"]  # type: ignore[union-attr]
+        stored = w.conn.execute("SELECT id FROM message WHERE conversation_id = 'c'").fetchall()
+        assert stored == [("m1",)]
+    finally:
+        w.close()
