@@ -22,7 +22,7 @@ number a conversation's items from its highest + 1), so its first turn reads not
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from agentik.storage import ops
 from agentik.wire import WorkingItem
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 Items = list[tuple[int, WorkingItem]]
 
+
+R = TypeVar("R")
 
 class WorkingMemory:
     """One conversation's working memory as (order_idx, item), read once, kept by own writes."""
@@ -58,7 +60,7 @@ class WorkingMemory:
         the copy is brought in step as if :meth:`write` had stored it."""
         self._applied(op)
 
-    async def write(self, op: ops.AnyOp) -> Any:
+    async def write(self, op: ops.Op[R]) -> R:
         """``storage.write_until_stored(op)``, and the copy brought in step with it (module
         docstring). Raises what that raises."""
         try:
@@ -66,7 +68,7 @@ class WorkingMemory:
         except BaseException:
             self._items = None
             raise
-        self._applied(op)
+        self._applied(op)  # type: ignore[arg-type]  # an Op is an AnyOp (a closed union)
         return result
 
     def _applied(self, op: ops.AnyOp) -> None:

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import trio
 from trio.lowlevel import current_task, wait_task_rescheduled
@@ -44,7 +44,13 @@ from agentik.storage.sqlite.writer import Writer
 #: the top-level modules the ``postgres`` extra installs
 POSTGRES_EXTRA = ("psycopg", "psycopg_pool")
 
+if TYPE_CHECKING:
+    from agentik.storage.pg.feed import Feed
+    from agentik.storage.pg.lease import Leases
+    from agentik.storage.pg.online import OnlineRelay
+
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 @dataclass
@@ -65,12 +71,11 @@ class Storage:
         self.hub = hub
         self.stats = StorageStats()
         self.health = StorageHealth()
-        #: PostgreSQL: the node's feed (``pg.feed.Feed``) and leases (``pg.lease.Leases``); None
-        #: on SQLite
-        self.feed: Any = None
-        self.leases: Any = None
-        #: PostgreSQL: the online-event relay to the other nodes (``pg.online.OnlineRelay``)
-        self.online: Any = None
+        #: PostgreSQL: the node's feed and leases; None on SQLite
+        self.feed: Feed | None = None
+        self.leases: Leases | None = None
+        #: PostgreSQL: the online-event relay to the other nodes
+        self.online: OnlineRelay | None = None
         self._committer: Committer | None = None
         self._closed = False
         #: requests admitted and not yet answered may not exceed ``capacity`` (the bounded
@@ -87,7 +92,7 @@ class Storage:
     def epoch(self) -> str:
         return self.hub.epoch
 
-    async def write(self, op: ops.AnyOp) -> Any:
+    async def write(self, op: ops.Op[R]) -> R:
         """Commit ``op`` and return its result once it is durable.
 
         Raises the op's own AgentikError (e.g. NotFoundError) if it was refused, StorageError if
@@ -108,7 +113,7 @@ class Storage:
         # already is told so as it parks, before any other task runs: Request.abort then takes
         # its request back (``_withdraw``), so it was never handed over (this is what
         # ``checkpoint_if_cancelled`` first did, on every write).
-        req = Request(op, task=current_task(), home=self)
+        req = Request(cast("ops.AnyOp", op), task=current_task(), home=self)  # (a closed union)
         pending = self._pending
         pending.append(req)
         if len(pending) == 1:
@@ -118,7 +123,7 @@ class Storage:
         await wait_task_rescheduled(req.abort)
         if req.error is not None:
             raise req.error
-        return req.result
+        return cast(R, req.result)  # the engine's answer to an Op[R]
 
     def _withdraw(self, req: Request) -> None:
         """Take back the request of a caller that was cancelled before it parked (it is the last
@@ -158,7 +163,7 @@ class Storage:
         self._activity = trio.Event()
         await self._activity.wait()
 
-    async def write_until_stored(self, op: ops.AnyOp, *, backoff: Backoff = RETRY) -> Any:
+    async def write_until_stored(self, op: ops.Op[R], *, backoff: Backoff = RETRY) -> R:
         """:meth:`write`, retried while the store refuses writes (StorageUnavailableError: disk
         full, read-only, ...) until ``op`` is stored: for the writes of a turn, above all its
         ending, which must not be lost to a full disk. Raises what :meth:`write` raises but
@@ -210,7 +215,7 @@ async def run_storage(
     # +1: the one probe in flight (committer's docstring: this channel is never full)
     post, outcomes = trio.open_memory_channel[Outcome | Done](capacity + 1)
     committer = Committer(writer, max_batch, post)
-    feed: Any = None
+    feed: Feed | None = None
     try:
         async with trio.open_nursery() as nursery:
             committer.start()
@@ -229,7 +234,8 @@ async def run_storage(
 
 
 async def _shut_down(storage: Storage, engines: _Engines,
-                     outcomes: trio.MemoryReceiveChannel[Outcome | Done], feed: Any) -> None:
+                     outcomes: trio.MemoryReceiveChannel[Outcome | Done], feed: Feed | None
+                     ) -> None:
     """Stop the writer thread, answer everyone, close the engines (shielded by the caller)."""
     storage._close()
     committer = storage._committer
@@ -258,9 +264,9 @@ async def _shut_down(storage: Storage, engines: _Engines,
 class _Engines:
     writer: WriterEngine
     reader: ReaderEngine
-    #: PostgreSQL: the database URL and the node's leases (``pg.lease.Leases``)
+    #: PostgreSQL: the database URL and the node's leases
     url: str | None = None
-    leases: Any = None
+    leases: Leases | None = None
 
 
 async def _open_postgres(
@@ -292,16 +298,19 @@ async def _open_postgres(
     return _Engines(pg_writer, pg_reader, url=url, leases=leases)
 
 
-async def _start_node(nursery: trio.Nursery, storage: Storage, engines: _Engines) -> Any:
+async def _start_node(nursery: trio.Nursery, storage: Storage, engines: _Engines) -> Feed:
     """PostgreSQL: start the node's feed (returned), leases and online relay in ``nursery``."""
     from agentik.storage.pg.feed import Feed
     from agentik.storage.pg.online import OnlineRelay
+    from agentik.storage.pg.reader import PgReader
     from agentik.storage.pg.schema import channel
+    from agentik.storage.pg.writer import PgWriter
 
-    pg_writer: Any = engines.writer
+    pg_writer = engines.writer
     url, leases, hub = engines.url, engines.leases, storage.hub
-    assert url is not None
-    feed = storage.feed = Feed(url, pg_writer.channel, engines.reader, hub, pg_writer)  # type: ignore[arg-type]
+    assert url is not None and leases is not None and isinstance(pg_writer, PgWriter)
+    assert isinstance(engines.reader, PgReader)
+    feed = storage.feed = Feed(url, pg_writer.channel, engines.reader, hub, pg_writer)
     await nursery.start(feed.run)
     storage.leases = leases
     leases.write = storage.write

@@ -59,7 +59,8 @@ class Request(msgspec.Struct, eq=False):
     per write.)"""
 
     op: ops.AnyOp | _Probe
-    result: Any = None
+    #: the op's result (its ``ops.Op[R]``'s R), set with ``answered``
+    result: object = None
     error: BaseException | None = None
     answered: bool = False
     #: the caller's task while it waits

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import trio
 
@@ -22,6 +22,7 @@ from agentik.metrics import STORAGE_ACCEPTING_WRITES
 from agentik.storage import ops
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -98,11 +99,11 @@ class StorageHealth:
 
 
 async def retry_until_stored(
-    write: Callable[[ops.AnyOp], Awaitable[Any]],
+    write: Callable[[ops.Op[R]], Awaitable[R]],
     health: StorageHealth,
-    op: ops.AnyOp,
+    op: ops.Op[R],
     backoff: Backoff = RETRY,
-) -> Any:
+) -> R:
     """``await write(op)``, again after each StorageUnavailableError once ``health`` says writes
     are accepted again or the next backoff delay has passed. Each attempt is shielded (its
     answer is always known); the waits between attempts are not, so a cancel ends the retries

@@ -9,21 +9,29 @@ writer's clock at that batch (one value per transaction).
 
 from __future__ import annotations
 
+from typing import Any, Generic, TypeVar
+
 import msgspec
 
 from agentik.errors import IdempotencyKeyReusedError
 from agentik.wire import (
     AssistantMessage,
+    ConversationRecord,
     Error,
+    MessageRecord,
     ToolCall,
     ToolResult,
     UserMessage,
     WorkingItem,
 )
 
+R_co = TypeVar("R_co", covariant=True)
+#: any op (``rechecked`` keeps its type)
+OpT = TypeVar("OpT", bound="Op[Any]")
 
-class Op(msgspec.Struct, frozen=True, kw_only=True):
-    pass
+
+class Op(msgspec.Struct, Generic[R_co], frozen=True, kw_only=True):
+    """An op whose result (what ``Storage.write`` returns once it is stored) is an ``R_co``."""
 
 
 class Idempotency(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,7 +68,7 @@ def replay(stored: tuple[str, str] | None, idem: Idempotency) -> Replayed | None
     return Replayed(result_id=result_id)
 
 
-class CreateConversation(Op, frozen=True, kw_only=True):
+class CreateConversation(Op[ConversationRecord | Replayed], frozen=True, kw_only=True):
     conversation_id: str
     title: str | None
     is_temporal: bool
@@ -68,16 +76,16 @@ class CreateConversation(Op, frozen=True, kw_only=True):
     idempotency: Idempotency | None = None
 
 
-class DeleteConversation(Op, frozen=True, kw_only=True):
+class DeleteConversation(Op[bool], frozen=True, kw_only=True):
     conversation_id: str
 
 
-class RenameConversation(Op, frozen=True, kw_only=True):
+class RenameConversation(Op[ConversationRecord], frozen=True, kw_only=True):
     conversation_id: str
     title: str | None
 
 
-class AppendUserMessage(Op, frozen=True, kw_only=True):
+class AppendUserMessage(Op[MessageRecord | Replayed], frozen=True, kw_only=True):
     """Journal the user's message and open its turn (working memory gets it when the turn starts,
     so queued messages never interleave with a running turn's answer).
 
@@ -93,7 +101,7 @@ class AppendUserMessage(Op, frozen=True, kw_only=True):
     start: WorkingItem | None = None
 
 
-class StartTurn(Op, frozen=True, kw_only=True):
+class StartTurn(Op[None], frozen=True, kw_only=True):
     """The turn's user item into working memory (``source_message_id`` = the turn id, which is
     its user message's id) and its turn row set running."""
 
@@ -104,7 +112,7 @@ class StartTurn(Op, frozen=True, kw_only=True):
     recheck: bool = False
 
 
-class AppendToolCalls(Op, frozen=True, kw_only=True):
+class AppendToolCalls(Op[list[MessageRecord]], frozen=True, kw_only=True):
     """One model round's tool calls: journal + events, one assistant item in working memory."""
 
     conversation_id: str
@@ -114,7 +122,7 @@ class AppendToolCalls(Op, frozen=True, kw_only=True):
     recheck: bool = False
 
 
-class AppendToolResult(Op, frozen=True, kw_only=True):
+class AppendToolResult(Op[MessageRecord], frozen=True, kw_only=True):
     conversation_id: str
     message_id: str
     result: ToolResult
@@ -123,7 +131,7 @@ class AppendToolResult(Op, frozen=True, kw_only=True):
     recheck: bool = False
 
 
-class FinishTurn(Op, frozen=True, kw_only=True):
+class FinishTurn(Op[list[MessageRecord]], frozen=True, kw_only=True):
     """The terminal record(s) of a turn: assistant answer and/or Interrupted and/or Error, then
     Touched; the turn row is removed in the same transaction."""
 
@@ -141,7 +149,7 @@ class FinishTurn(Op, frozen=True, kw_only=True):
     recheck: bool = False
 
 
-class Compact(Op, frozen=True, kw_only=True):
+class Compact(Op[None], frozen=True, kw_only=True):
     """Replace working-memory items with order_idx < ``before_order_idx`` (the system prompt kept)
     by one summary item."""
 
@@ -153,7 +161,7 @@ class Compact(Op, frozen=True, kw_only=True):
     recheck: bool = False
 
 
-class RecoverTurns(Op, frozen=True, kw_only=True):
+class RecoverTurns(Op[int], frozen=True, kw_only=True):
     """Close open turns with an Error record: at start-up every turn left open by a dead process
     (``conversation_id`` None); in a PostgreSQL cluster, the turns of one conversation claimed
     from a dead node (error "interrupted: node lost")."""
@@ -163,11 +171,11 @@ class RecoverTurns(Op, frozen=True, kw_only=True):
     code: str = "restart"
 
 
-class PurgeTemporary(Op, frozen=True, kw_only=True):
+class PurgeTemporary(Op[int], frozen=True, kw_only=True):
     """Start-up: temporary conversations do not survive a restart."""
 
 
-class PutA2ATask(Op, frozen=True, kw_only=True):
+class PutA2ATask(Op[int], frozen=True, kw_only=True):
     """A2A (docs/A2A.md): store one change of an A2A task: its whole record (``task``, the A2A Task
     JSON after the change) in ``a2a_task`` with seq = N, and a ``TaskUpdated`` event (outbox kind
     ``a2a``) at offset N carrying ``update`` (the A2A StreamResponse JSON of the change).
@@ -231,7 +239,7 @@ def compacted(op: Compact, kept: list[WorkingItem]) -> bool:
     return op.dropped > 0 and kept == ([] if op.summary is None else [op.summary])
 
 
-def rechecked(op: AnyOp) -> AnyOp:
+def rechecked(op: OpT) -> OpT:
     """``op`` to retry after StorageOutcomeUnknownError (its first attempt may be stored).
 
     For a turn's writes (:data:`RECHECKABLE`), the copy with ``recheck`` set: its plan first
@@ -244,6 +252,6 @@ def rechecked(op: AnyOp) -> AnyOp:
     Only a retry pays that read: a first attempt reads what it always did.
     Any other op is returned as it is (a plain retry: one without an Idempotency-Key may store
     it twice)."""
-    if type(op) in RECHECKABLE and not op.recheck:  # type: ignore[union-attr]
+    if type(op) in RECHECKABLE and not op.recheck:  # type: ignore[attr-defined]
         return msgspec.structs.replace(op, recheck=True)
     return op

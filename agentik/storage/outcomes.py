@@ -6,7 +6,8 @@ that stored nothing (transient: the store refuses writes for now, ``engine.is_tr
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from trio.lowlevel import reschedule
 
@@ -20,6 +21,7 @@ from agentik.errors import (
 )
 from agentik.storage.committer import PROBE, Outcome, Request
 from agentik.storage.engine import is_transient
+from agentik.storage.types import StoredEvent
 
 if TYPE_CHECKING:
     from agentik.storage.actor import Storage
@@ -28,7 +30,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentik.storage.actor")  # the actor's own lines, as before
 
 
-def deliver(hub: EventHub, storage: Storage, outcome: Outcome, feed: Any) -> None:
+class Publisher(Protocol):
+    """What publishes a committed batch when the hub is not fed directly (PostgreSQL's feed,
+    ``pg.feed.Feed``: every node's events in global order)."""
+
+    def own(self, events: list[StoredEvent], oldest: int, head: int,
+            fn: Callable[[], None]) -> None: ...
+
+
+def deliver(hub: EventHub, storage: Storage, outcome: Outcome, feed: Publisher | None) -> None:
     """Report one outcome of the writer thread: health, stats, publish, answer its callers."""
     batch, result = outcome.batch, outcome.result
     if isinstance(result, BaseException):
