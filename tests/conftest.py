@@ -1,5 +1,11 @@
 """Shared fixtures: a scripted OpenAI-compatible server on 127.0.0.1 and a config pointing at it
-with a fresh SQLite file per test; the time limit of the tests marked slow."""
+with a fresh SQLite file per test; the time limit of the tests marked slow.
+
+``AGENTIK_TEST_ENGINE=postgres`` runs the suite on PostgreSQL (CI's second pass, scripts/test.sh):
+every config a test makes with the ``config`` fixtures or ``webutil.make_config`` then names a
+fresh schema of the test database (:func:`engine_url`); a test of SQLite's own behaviour (its
+file, its disk) is marked ``sqlite_only`` and left out of that pass, and so is a test that makes
+no config (it would run the same twice)."""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from tests.scripted_openai import ScriptedOpenAI, open_scripted_openai
 SLOW_TIMEOUT = 900
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _slow_timeouts(items: list[pytest.Item]) -> None:
     """A slow test without its own ``@pytest.mark.timeout`` gets :data:`SLOW_TIMEOUT`."""
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
@@ -36,16 +42,50 @@ def db_path(tmp_path: Path) -> str:
     return str(tmp_path / "agentik.db")
 
 
+#: the engine the suite's configs use (module docstring)
+ENGINE = os.environ.get("AGENTIK_TEST_ENGINE", "sqlite")
+#: the fixtures and helpers through which a test's storage follows ENGINE
+_ENGINE_FIXTURES = {"config", "server", "client", "engine"}
+_url: list[str | None] = [None]
+
+
+def engine_url() -> str | None:
+    """The database URL a config of the running test names: its PostgreSQL schema when the
+    suite runs on PostgreSQL, else None (its SQLite file)."""
+    return _url[0]
+
+
 @pytest.fixture
-def config(scripted: ScriptedOpenAI, db_path: str, request: pytest.FixtureRequest) -> Config:
-    """With AGENTIK_TEST_ENGINE=postgres every test using this config runs on PostgreSQL (a
-    schema per test), so the whole suite can be run on either engine."""
-    database_url = None
-    if os.environ.get("AGENTIK_TEST_ENGINE") == "postgres":
-        database_url = request.getfixturevalue("pg_url")
+def engine(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The running test's database per ENGINE (:func:`engine_url`); a test that makes its
+    config with ``make_config`` asks for it."""
+    _url[0] = request.getfixturevalue("pg_url") if ENGINE == "postgres" else None
+    try:
+        yield _url[0]
+    finally:
+        _url[0] = None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests' time limit; on PostgreSQL (ENGINE): only the tests whose storage follows
+    the engine."""
+    _slow_timeouts(items)
+    if ENGINE != "postgres":
+        return
+    keep, drop = [], []
+    for item in items:
+        follows = _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        (keep if follows and item.get_closest_marker("sqlite_only") is None else drop).append(item)
+    items[:] = keep
+    config.hook.pytest_deselected(items=drop)
+
+
+@pytest.fixture
+def config(scripted: ScriptedOpenAI, db_path: str, engine: str | None) -> Config:
+    """On the suite's engine (module docstring)."""
     return Config(
         db_path=db_path,
-        database_url=database_url,
+        database_url=engine,
         openai_base_url=scripted.base_url,
         openai_api_key="test-key",
         openai_model="scripted",

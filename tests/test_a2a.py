@@ -39,6 +39,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     serve_app,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 V1 = {"A2A-Version": "1.0"}
 A2A_DOC = Path(__file__).resolve().parent.parent / "docs" / "A2A.md"
 

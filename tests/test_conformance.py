@@ -35,6 +35,9 @@ from agentik.wire import (
 from tests.scripted_openai import Hang, Reply, ScriptedOpenAI
 from tests.webutil import serve_app
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 TIMEOUT = 15
 
 

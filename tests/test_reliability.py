@@ -38,6 +38,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     tcp_send_buffer_max,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 LONG = os.environ.get("AGENTIK_LONG") == "1"
 KILL_ROUNDS = 100 if LONG else 3
 TERMINAL = ("assistant_message", "error")

@@ -36,15 +36,19 @@ from agentik.wire import (
     UserMessage,
     WorkingItem,
 )
+from tests.conftest import engine_url
 from tests.scripted_openai import Hang, ScriptedOpenAI
+
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
 
 SYSTEM = SystemItem(text="You are a test assistant.")
 
 
 @pytest.fixture
-def cfg(db_path: str) -> Config:
+def cfg(db_path: str, engine: str | None) -> Config:
     """A config for runs with a test double as the model (no model server)."""
-    return Config(db_path=db_path, system_prompt=SYSTEM.text)
+    return Config(db_path=db_path, system_prompt=SYSTEM.text, database_url=engine)
 
 
 def user_text(messages: list[WorkingItem]) -> str:
@@ -237,7 +241,8 @@ async def test_unreachable_llm_ends_turn_with_error(db_path: str) -> None:
     with trio.socket.socket() as s:  # a port nobody listens on
         await s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = Config(db_path=db_path, openai_base_url=f"http://127.0.0.1:{port}/v1", llm_max_retries=0)
+    cfg = Config(db_path=db_path, openai_base_url=f"http://127.0.0.1:{port}/v1", llm_max_retries=0,
+                 database_url=engine_url())
     async with open_runtime(cfg) as agent:
         conv = await agent.create_conversation()
         events = await run_turn(agent, conv, "hello?")

@@ -29,6 +29,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     server,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 TOKENS = ("s3cret-one", "s3cret-two")
 
 

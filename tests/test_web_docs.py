@@ -24,6 +24,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     server,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 PROTOCOL = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md"
 
 # Streaming examples (curl -N) would run forever: cut them after a moment, which is a success.

@@ -27,6 +27,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     server,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 
 async def create(client: httpx2.AsyncClient, **body: Any) -> dict[str, Any]:
     response = await client.post("/agentik/conversations", json=body)

@@ -18,11 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 import trio
 import trio_websocket
 
 from tests.test_web_lifespan import env_for, spawn
 from tests.webutil import open_sse
+
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
 
 KEEP_ALIVE = 1.0
 SERVE = [sys.executable, "-m", "agentik.cli", "serve", "--port", "0"]

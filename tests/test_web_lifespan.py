@@ -35,6 +35,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     serve_app,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 REPO = Path(__file__).resolve().parent.parent
 # The module that holds the runtime open while serving (its `open_runtime` is patched).
 web_app = importlib.import_module("agentik.web.lifespan")

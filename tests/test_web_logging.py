@@ -25,6 +25,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     serve_app,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 TOKEN = "s3cretTok3n"
 #: the token with one character percent-encoded, as an attacker (or a careless client) may send it
 TOKEN_ENCODED = "s%33cretTok3n"

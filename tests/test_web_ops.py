@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx2
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 from quart import Response
@@ -26,6 +27,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     serve_app,
     server,
 )
+
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
 
 TEXT = [{"type": "text", "body": "hi"}]
 

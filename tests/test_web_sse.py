@@ -13,6 +13,7 @@ from typing import Any
 
 import h11
 import httpx2
+import pytest
 import trio
 
 from agentik.parking import PARK, PARK_MAX, current_parking
@@ -39,6 +40,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     server,
     tcp_send_buffer_max,
 )
+
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
 
 
 async def create(client: httpx2.AsyncClient, **body: Any) -> str:

@@ -9,10 +9,14 @@ import json
 from pathlib import Path
 
 import httpx2
+import pytest
 import trio
 
 from tests.scripted_openai import ScriptedOpenAI
 from tests.webutil import make_config, no_error_logs, openai, serve_app  # noqa: F401
+
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
 
 
 async def test_missing_mcp_command_shows_failed_with_the_reason(

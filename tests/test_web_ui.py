@@ -37,6 +37,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     serve_app,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 try:
     from playwright.sync_api import Browser, BrowserContext, Page, expect
 except ImportError:  # pragma: no cover - the tests are skipped (tests/browser.py)

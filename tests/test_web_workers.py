@@ -8,10 +8,14 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
 from agentik.storage.sqlite.dblock import lock_database
 from tests.test_web_lifespan import env_for, spawn
+
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
 
 HYPERCORN_2 = [sys.executable, "-m", "hypercorn", "-k", "trio", "-w", "2", "--bind",
                "127.0.0.1:0", "agentik.web:app"]

@@ -31,6 +31,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     tcp_send_buffer_max,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 
 @asynccontextmanager
 async def connect(server: Server, query: str = "") -> AsyncIterator[WsClient]:

@@ -33,6 +33,7 @@ from agentik.storage.hub import EventHub
 from agentik.tools.base import ToolRegistry
 from agentik.web.app import AgentikApp, WebState, create_app
 from agentik.wire import CommonEvent
+from tests.conftest import engine_url
 from tests.scripted_openai import ScriptedOpenAI, open_scripted_openai
 
 
@@ -206,6 +207,9 @@ async def openai() -> AsyncIterator[ScriptedOpenAI]:
 
 
 def make_config(tmp_path: Any, openai: ScriptedOpenAI, **changes: Any) -> Config:
+    """A config for a test server, on the suite's engine (``conftest.engine_url``: a test calling
+    this asks for the ``engine`` fixture) unless ``changes`` name a database."""
+    changes.setdefault("database_url", engine_url())
     return Config(
         db_path=str(tmp_path / "agentik.db"),
         openai_base_url=openai.base_url,
@@ -217,7 +221,7 @@ def make_config(tmp_path: Any, openai: ScriptedOpenAI, **changes: Any) -> Config
 
 
 @pytest.fixture
-def config(tmp_path: Any, openai: ScriptedOpenAI) -> Config:
+def config(tmp_path: Any, openai: ScriptedOpenAI, engine: str | None) -> Config:
     return make_config(tmp_path, openai)
 
 
