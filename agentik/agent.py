@@ -114,6 +114,12 @@ class LocalAgent:
         return self._deps.storage.health
 
     @property
+    def model_error(self) -> str | None:
+        """Why the model's server did not answer when last asked (``/readyz``: a degraded
+        reason); None while it answers, or when nobody asks (an embedded engine)."""
+        return self._deps.model.error
+
+    @property
     def lease_error(self) -> str | None:
         """PostgreSQL cluster: why this node cannot hold conversation leases now (its heartbeat
         fails, or it stopped its actors for want of one in time), so it cannot run

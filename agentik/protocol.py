@@ -117,9 +117,10 @@ class ToolServerProblem(Wire, frozen=True, kw_only=True):
 
 class Readiness(Wire, frozen=True, kw_only=True):
     """``GET /readyz``. ``status``: ``ready`` (200); ``degraded`` (200: serving, but the MCP
-    servers in ``tools`` failed, so their tools are missing); ``not_ready`` (503: the runtime is
-    not running, storage refuses writes, or a cluster node cannot heartbeat its leases).
-    ``reasons``: one line per problem, in that order.
+    servers in ``tools`` failed, so their tools are missing, or the model's server did not answer
+    when last asked: ``model_reachable`` false, turns fail until it does); ``not_ready`` (503:
+    the runtime is not running, storage refuses writes, or a cluster node cannot heartbeat its
+    leases). ``reasons``: one line per problem, in that order.
     ``runtime``: starting | running | stopping | dead. ``storage`` is absent while the runtime
     is not running."""
 
@@ -128,6 +129,9 @@ class Readiness(Wire, frozen=True, kw_only=True):
     storage: StorageReadiness | None = None
     tools: list[ToolServerProblem] = []
     reasons: list[str] = []
+    #: false when the model's server did not answer when last asked (asked at start-up, then
+    #: every 10 s while it does not answer, every 60 s while it does)
+    model_reachable: bool = True
 
 
 class ErrorDetail(Wire, frozen=True, kw_only=True, omit_defaults=True):

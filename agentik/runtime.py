@@ -20,7 +20,7 @@ from agentik.agent import LocalAgent
 from agentik.cluster import Peers
 from agentik.config import Config
 from agentik.errors import ConfigError, LlmError
-from agentik.llm.base import LiteLlm
+from agentik.llm.base import LiteLlm, ModelHealth, Surveyed
 from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
 from agentik.tools.base import NoTools, ToolRegistry
@@ -68,7 +68,13 @@ async def open_runtime(
             try:
                 await _recover(storage)
                 the_tools = tools if tools is not None else await _start_tools(config, root)
-                deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools)
+                model = ModelHealth()
+                if not _model_configured(config) and llm is None:
+                    model.error, model.checked = NO_MODEL, True  # nothing to ask
+                elif isinstance(the_llm, Surveyed):
+                    await root.start(_watch_model, the_llm, model)
+                deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools,
+                            model=model)
                 peers = Peers(config)  # clients of the other cluster nodes, closed last
                 try:
                     async with trio.open_nursery() as actors:
@@ -99,6 +105,8 @@ async def _open_llm(config: Config) -> LiteLlm:
     """The configured backend, loaded. An embedded engine loads at start-up: a corrupt model
     file stops the server now instead of failing the first turn, and the context window is
     known from the start. Raises ConfigError."""
+    if not _model_configured(config):
+        log.warning(NO_MODEL)
     the_llm = make_llm(config)
     load = getattr(the_llm, "load", None)
     if load is not None:
@@ -108,6 +116,52 @@ async def _open_llm(config: Config) -> LiteLlm:
             await the_llm.aclose()
             raise ConfigError("AGENTIK_LITERT_MODEL_PATH", str(exc)) from exc
     return the_llm
+
+
+def _model_configured(config: Config) -> bool:
+    """False for the openai backend with neither a server URL nor a key: the default, OpenAI's
+    API, is not asked without a key."""
+    return config.llm_backend != "openai" or bool(config.openai_base_url or config.openai_api_key)
+
+
+#: the start-up warning when no model is configured (the default, OpenAI's API, needs a key)
+NO_MODEL = (
+    "no model configured: set OPENAI_BASE_URL and OPENAI_MODEL for an OpenAI-compatible server "
+    "(e.g. OPENAI_BASE_URL=http://127.0.0.1:11434/v1 OPENAI_MODEL=llama3.2 for Ollama), "
+    "OPENAI_API_KEY for OpenAI's API, or AGENTIK_LLM_BACKEND=litert and "
+    "AGENTIK_LITERT_MODEL_PATH for the embedded engine; `agentik check` tests the model"
+)
+#: seconds between two questions to the model's server: while it answers, while it does not
+RECHECK_ANSWERING, RECHECK_SILENT = 60.0, 10.0
+#: the longest start-up waits for the first answer (so the window the server names budgets the
+#: first turn); a server that takes longer is asked on in the background
+FIRST_SURVEY_WAIT = 1.0
+
+
+async def _watch_model(
+    llm: Surveyed, health: ModelHealth, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Ask the model's server whether it answers, now and then, for ``/readyz``; started once
+    the first answer is in (at most :data:`FIRST_SURVEY_WAIT`)."""
+    first = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_survey_loop, llm, health, first)
+        with trio.move_on_after(FIRST_SURVEY_WAIT):
+            await first.wait()
+        task_status.started()
+
+
+async def _survey_loop(llm: Surveyed, health: ModelHealth, first: trio.Event) -> None:
+    while True:
+        error = await llm.survey()
+        if error is not None and (error != health.error or not health.checked):
+            log.warning("the model does not answer: %s (turns fail until it does; "
+                        "`agentik check` tests the settings)", error)
+        elif error is None and health.error is not None:
+            log.info("the model answers again")
+        health.error, health.checked = error, True
+        first.set()
+        await trio.sleep(RECHECK_SILENT if error else RECHECK_ANSWERING)
 
 
 async def _run_storage(

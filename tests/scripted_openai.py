@@ -214,6 +214,13 @@ class ScriptedOpenAI:
         self.ignore_max_tokens = False
         #: requests refused for exceeding ``context_limit``
         self.refused = 0
+        #: fields added to the model's ``/v1/models`` entry (e.g. vLLM's ``max_model_len``)
+        self.model_fields: dict[str, Any] = {}
+        #: JSON answers of routes at the server's root, by path (e.g. llama.cpp's ``props``,
+        #: Ollama's ``api/show``); any other root path answers 404
+        self.root_routes: dict[str, Any] = {}
+        #: every ``/v1/models`` and root route request: (method, path)
+        self.side_requests: list[tuple[str, str]] = []
         self._queue: deque[Step] = deque()
         self._closing = trio.Event()
         self._request_arrived = trio.Event()
@@ -280,7 +287,16 @@ class ScriptedOpenAI:
 
         @app.get("/v1/models")
         async def models() -> Any:
-            return {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
+            self.side_requests.append(("GET", "v1/models"))
+            entry = {"id": "scripted", "object": "model", **self.model_fields}
+            return {"object": "list", "data": [entry]}
+
+        @app.route("/<path:path>", methods=["GET", "POST"])
+        async def root_route(path: str) -> Any:
+            self.side_requests.append((request.method, path))
+            if path in self.root_routes:
+                return self.root_routes[path]
+            return _error_body(404, f"no route {path}"), 404
 
         @app.post("/v1/chat/completions")
         async def chat_completions() -> Any:

@@ -6,10 +6,10 @@ life (passivation, forgetting) reaches the actor through ``ConversationHandle.ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentik.config import Config
-from agentik.llm.base import LiteLlm
+from agentik.llm.base import LiteLlm, ModelHealth
 from agentik.storage.actor import Storage
 from agentik.tools.base import ToolRegistry
 
@@ -20,3 +20,5 @@ class Deps:
     storage: Storage
     llm: LiteLlm
     tools: ToolRegistry
+    #: whether the model's server answers (the runtime asks it now and then: /readyz)
+    model: ModelHealth = field(default_factory=ModelHealth)

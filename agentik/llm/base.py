@@ -17,8 +17,9 @@ Contract every backend keeps:
 - ``close()`` is idempotent and never raises.
 
 Context (docs/CONTEXT.md): ``context_window`` is the window the backend knows (the
-engine reports it on load; the openai backend learns it from a server's overflow answer; the
-configured ``AGENTIK_CONTEXT_WINDOW`` overrides). ``count_tokens`` counts working-memory items
+engine reports it on load; the openai backend reads it where the server's model listing says,
+else learns it from a server's overflow answer; the configured ``AGENTIK_CONTEXT_WINDOW``
+overrides). ``count_tokens`` counts working-memory items
 (with the model's tokenizer when ``exact_tokens``, else :func:`agentik.context.estimate_item`).
 ``send_stream(..., max_output_tokens=n)`` generates at most ``n`` tokens (None: the backend's
 default budget, :func:`agentik.context.output_budget`), ending with ``FinishDelta("length")`` when
@@ -30,7 +31,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -172,3 +173,23 @@ class LiteLlm(Protocol):
     async def aclose(self) -> None:
         """Release process-wide resources (HTTP client, engine). Idempotent."""
         ...
+
+
+@runtime_checkable
+class Surveyed(Protocol):
+    """A backend whose server can be asked whether it answers (the openai backend): the runtime
+    asks now and then and ``/readyz`` says so (:class:`ModelHealth`)."""
+
+    async def survey(self) -> str | None:
+        """None when the server answers, else why not (one line naming the endpoint)."""
+        ...
+
+
+@dataclass
+class ModelHealth:
+    """Whether the model's server answered when the runtime last asked (``/readyz``): ``error``
+    says why not. ``checked`` stays False for a backend nobody asks (an embedded engine, a test
+    stand-in) and until the first answer."""
+
+    error: str | None = None
+    checked: bool = False

@@ -61,6 +61,7 @@ from agentik.llm.openai_format import (
     user_message,
 )
 from agentik.llm.openai_http import ChatEndpoint, data_lines
+from agentik.llm.openai_window import survey
 from agentik.wire import Content, WorkingItem
 
 if TYPE_CHECKING:
@@ -85,10 +86,12 @@ _DRAIN_TIMEOUT = 1.0
 class OpenAiLlm:
     """A :class:`agentik.llm.base.LiteLlm` over an OpenAI-compatible chat-completions endpoint.
 
-    The server does not say its context window: ``context_window`` is the configured one
-    (AGENTIK_CONTEXT_WINDOW), else None until a context-overflow refusal (HTTP 400
-    ``context_length_exceeded`` / "maximum context length is N tokens") teaches it, for every
-    conversation of the process. Token counts are :func:`agentik.context.estimate_item`.
+    ``context_window`` is the configured one (AGENTIK_CONTEXT_WINDOW), else what the server's
+    model listing says (read by the first :meth:`survey` it answers; vLLM, llama.cpp, LM Studio
+    and Ollama say it, :mod:`agentik.llm.openai_window`), else None until a context-overflow
+    refusal (HTTP 400 ``context_length_exceeded`` / "maximum context length is N tokens")
+    teaches it, for every conversation of the process. Token counts are
+    :func:`agentik.context.estimate_item`.
     """
 
     #: counts are an estimate (the server's tokenizer is unknown)
@@ -114,6 +117,9 @@ class OpenAiLlm:
         self.max_output_tokens = max_output_tokens
         self.supports_images = supports_images
         self._closed = False
+        self._api_key = api_key
+        #: whether a survey reached the server once (its window is asked for only then)
+        self._window_asked = False
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
             # the SDK refuses to start without a key; local servers do not need one
@@ -166,6 +172,19 @@ class OpenAiLlm:
                         "is %s%d tokens", self.endpoint, "" if exc.window else "at most ", learned)
             self.context_window = learned
         exc.window = self.context_window
+
+    async def survey(self) -> str | None:
+        """Whether the server answers (None, else why not: ``/readyz``). The first time it does,
+        the model's window is read where the server says, unless it is known already."""
+        want = self.context_window is None and not self._window_asked
+        found = await survey(self.endpoint, self._api_key, self.model, want_window=want)
+        if found.error is None and want:
+            self._window_asked = True
+            if found.window and self.context_window is None:
+                log.info("the LLM endpoint %s: %s has a context window of %d tokens (from %s)",
+                         self.endpoint, self.model, found.window, found.source)
+                self.context_window = found.window
+        return found.error
 
     @property
     def endpoint(self) -> str:

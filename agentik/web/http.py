@@ -156,9 +156,10 @@ async def readyz() -> Response:
     """Readiness: 503 ``not_ready`` while the runtime is not running, storage refuses writes
     (the writer's last commit or probe failed) or, in a PostgreSQL cluster, the node cannot
     heartbeat its leases (so it cannot run conversations); else 200, ``degraded`` when MCP
-    servers failed. A failed MCP server does not make the node unready on purpose: every node
-    has the same servers, conversations still run (without those tools), and taking nodes out
-    of a load balancer would not bring the server back; ``tools`` and ``reasons`` say which
+    servers failed or the model's server does not answer. Neither makes the node unready, on
+    purpose: every node has the same servers and the same model, conversations still run (without
+    those tools) or fail their turns with an error, and taking every node out of a load balancer
+    would not bring the server back; ``tools``, ``model_reachable`` and ``reasons`` say which
     and why.
     Public like /healthz; with auth on, the error texts (paths, hosts, a server's stderr) are
     given only to a request with a valid token."""
@@ -190,9 +191,14 @@ async def readyz() -> Response:
     ]
     reasons += [f"MCP server {p.name!r} failed" + (f": {p.error}" if p.error else "")
                 for p in problems]
-    status = "not_ready" if not ready else "degraded" if problems else "ready"
+    model_error = agent.model_error
+    if model_error is not None:
+        reasons.append("the model does not answer" + (f": {model_error}" if detail else ""))
+    degraded = bool(problems) or model_error is not None
+    status = "not_ready" if not ready else "degraded" if degraded else "ready"
     body = Readiness(
         status=status, runtime="running", reasons=reasons, tools=problems,
+        model_reachable=model_error is None,
         storage=StorageReadiness(writable=health.writable, error=error, since=health.since),
     )
     return json_response(body, 200 if ready else 503)
