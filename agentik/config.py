@@ -1,6 +1,7 @@
 """Configuration (docs/CONFIG.md). Every variable is parsed once, in :meth:`Config.from_env`; a bad value
 raises :class:`agentik.errors.ConfigError` naming the variable, so start-up stops with a message
-that says what to fix."""
+that says what to fix. The rule for each kind of value (integers, seconds, tokens, URLs, origins)
+is in :mod:`agentik.config_values`, once for every setting."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from agentik import config_values as v
 from agentik.content import DEFAULT_IMAGE_TYPES, DEFAULT_MAX_IMAGE_BYTES, SIGNATURES, ImageRules
 from agentik.errors import ConfigError
 
@@ -139,68 +141,71 @@ class Config:
         env = os.environ if env is None else env
         kw: dict[str, Any] = {}
 
-        def get(name: str, field: str, parse: Callable[[str], Any]) -> None:
+        def get(name: str, field: str, parse: Callable[[str], Any], *, secret: bool = False) -> None:
             raw = env.get(name)
             if raw is None or raw == "":
                 return
             try:
                 kw[field] = parse(raw)
-            except (ValueError, TypeError) as exc:
-                raise ConfigError(name, f"invalid value {raw!r}: {exc}") from None
+            except (ValueError, TypeError, ArithmeticError) as exc:
+                # One line whatever the value (repr escapes line breaks), never a secret.
+                shown = "(not shown: a secret)" if secret else repr(raw[:200]) + (
+                    "..." if len(raw) > 200 else "")
+                raise ConfigError(name, f"invalid value {shown}: {exc}") from None
 
-        get("AGENTIK_PORT", "port", _port)
+        get("AGENTIK_PORT", "port", v.port)
         get("AGENTIK_DB_PATH", "db_path", str)
         get("AGENTIK_SYSTEM_PROMPT", "system_prompt", str)
-        get("AGENTIK_LLM_BACKEND", "llm_backend", _choice("openai", "litert"))
-        get("OPENAI_BASE_URL", "openai_base_url", _url)
-        get("OPENAI_API_KEY", "openai_api_key", str)
-        get("OPENAI_MODEL", "openai_model", str)
-        get("AGENTIK_LLM_TIMEOUT", "llm_timeout", _positive_float)
-        get("AGENTIK_LLM_MAX_RETRIES", "llm_max_retries", _non_negative_int)
-        get("AGENTIK_CONTEXT_WINDOW", "context_window", _non_negative_int)
+        get("AGENTIK_LLM_BACKEND", "llm_backend", v.choice("openai", "litert"))
+        get("OPENAI_BASE_URL", "openai_base_url", v.url)
+        get("OPENAI_API_KEY", "openai_api_key", v.token, secret=True)
+        get("OPENAI_MODEL", "openai_model", v.line)
+        get("AGENTIK_LLM_TIMEOUT", "llm_timeout", v.seconds)
+        get("AGENTIK_LLM_MAX_RETRIES", "llm_max_retries", v.non_negative_int)
+        get("AGENTIK_CONTEXT_WINDOW", "context_window", v.non_negative_int)
         get("AGENTIK_LITERT_MODEL_PATH", "litert_model_path", str)
-        get("AGENTIK_LITERT_THREADS", "litert_threads", _positive_int)
-        get("AGENTIK_LITERT_MAX_CONCURRENCY", "litert_max_concurrency", _positive_int)
-        get("AGENTIK_LITERT_MAX_OUTPUT_TOKENS", "litert_max_output_tokens", _non_negative_int)
-        get("AGENTIK_MAX_OUTPUT_TOKENS", "max_output_tokens", _non_negative_int)
-        get("AGENTIK_SUMMARY_MAX_TOKENS", "summary_max_tokens", _non_negative_int)
+        get("AGENTIK_LITERT_THREADS", "litert_threads", v.positive_int)
+        get("AGENTIK_LITERT_MAX_CONCURRENCY", "litert_max_concurrency", v.positive_int)
+        get("AGENTIK_LITERT_MAX_OUTPUT_TOKENS", "litert_max_output_tokens", v.non_negative_int)
+        get("AGENTIK_MAX_OUTPUT_TOKENS", "max_output_tokens", v.non_negative_int)
+        get("AGENTIK_SUMMARY_MAX_TOKENS", "summary_max_tokens", v.non_negative_int)
         get("AGENTIK_MCP_CONFIG", "mcp_config", str)
-        get("AGENTIK_TOKENS", "tokens", _tokens)
-        get("AGENTIK_OUTBOX_CAP", "outbox_cap", _positive_int)
-        get("AGENTIK_OUTBOX_TTL", "outbox_ttl", _positive_float)
-        get("AGENTIK_IDLE_TIMEOUT", "idle_timeout", _positive_float)
-        get("AGENTIK_MAILBOX_SIZE", "mailbox_size", _positive_int)
-        get("AGENTIK_TOOL_TIMEOUT", "tool_timeout", _positive_float)
-        get("AGENTIK_TOOL_RESULT_CAP", "tool_result_cap", _positive_int)
-        get("AGENTIK_MAX_TOOL_ROUNDS", "max_tool_rounds", _positive_int)
+        get("AGENTIK_TOKENS", "tokens", v.tokens, secret=True)
+        get("AGENTIK_OUTBOX_CAP", "outbox_cap", v.positive_int)
+        get("AGENTIK_OUTBOX_TTL", "outbox_ttl", v.seconds)
+        get("AGENTIK_IDLE_TIMEOUT", "idle_timeout", v.seconds)
+        get("AGENTIK_MAILBOX_SIZE", "mailbox_size", v.positive_int)
+        get("AGENTIK_TOOL_TIMEOUT", "tool_timeout", v.seconds)
+        get("AGENTIK_TOOL_RESULT_CAP", "tool_result_cap", v.positive_int)
+        get("AGENTIK_MAX_TOOL_ROUNDS", "max_tool_rounds", v.positive_int)
         get("AGENTIK_SQLITE_SYNCHRONOUS", "sqlite_synchronous",
-            _choice("OFF", "NORMAL", "FULL", "EXTRA", upper=True))
-        get("AGENTIK_MAX_BATCH", "max_batch", _positive_int)
-        get("AGENTIK_SUBSCRIBER_BUFFER", "subscriber_buffer", _positive_int)
-        get("AGENTIK_RESTART_LIMIT", "restart_limit", _positive_int)
-        get("AGENTIK_RESTART_PERIOD", "restart_period", _positive_float)
-        get("AGENTIK_MAX_BODY_BYTES", "max_body_bytes", _positive_int)
+            v.choice("OFF", "NORMAL", "FULL", "EXTRA", upper=True))
+        get("AGENTIK_MAX_BATCH", "max_batch", v.positive_int)
+        get("AGENTIK_SUBSCRIBER_BUFFER", "subscriber_buffer", v.positive_int)
+        get("AGENTIK_RESTART_LIMIT", "restart_limit", v.positive_int)
+        get("AGENTIK_RESTART_PERIOD", "restart_period", v.seconds)
+        get("AGENTIK_MAX_BODY_BYTES", "max_body_bytes", v.positive_int)
         get("AGENTIK_IMAGE_TYPES", "image_types", _image_types)
-        get("AGENTIK_MAX_IMAGE_BYTES", "max_image_bytes", _positive_int)
-        get("AGENTIK_KEEP_ALIVE_TIMEOUT", "keep_alive_timeout", _positive_float)
-        get("AGENTIK_BACKLOG", "backlog", _positive_int)
-        get("AGENTIK_AGENT_NAME", "agent_name", _non_empty)
-        get("AGENTIK_AGENT_DESCRIPTION", "agent_description", _non_empty)
-        get("AGENTIK_CORS_ORIGINS", "cors_origins", _origins)
-        get("AGENTIK_BUSY_POLICY", "busy_policy", _choice(*BUSY_POLICIES))
-        get("AGENTIK_IDEMPOTENCY_TTL", "idempotency_ttl", _positive_float)
-        get("AGENTIK_LOG_FORMAT", "log_format", _choice("text", "json"))
-        get("AGENTIK_DATABASE_URL", "database_url", _postgres_url)
-        get("AGENTIK_NODE_ID", "node_id", str)
-        get("AGENTIK_LEASE_TTL", "lease_ttl", _positive_float)
-        get("AGENTIK_DB_TIMEOUT", "db_timeout", _positive_float)
-        get("AGENTIK_NODE_URL", "node_url", _url)
-        get("AGENTIK_GC_THRESHOLD", "gc_threshold", _non_negative_int)
+        get("AGENTIK_MAX_IMAGE_BYTES", "max_image_bytes", v.positive_int)
+        get("AGENTIK_KEEP_ALIVE_TIMEOUT", "keep_alive_timeout", v.seconds)
+        get("AGENTIK_BACKLOG", "backlog", v.backlog)
+        get("AGENTIK_AGENT_NAME", "agent_name", v.line)
+        get("AGENTIK_AGENT_DESCRIPTION", "agent_description", v.line)
+        get("AGENTIK_CORS_ORIGINS", "cors_origins", v.origins)
+        get("AGENTIK_BUSY_POLICY", "busy_policy", v.choice(*BUSY_POLICIES))
+        get("AGENTIK_IDEMPOTENCY_TTL", "idempotency_ttl", v.seconds)
+        get("AGENTIK_LOG_FORMAT", "log_format", v.choice("text", "json"))
+        get("AGENTIK_DATABASE_URL", "database_url", v.postgres_url, secret=True)
+        get("AGENTIK_NODE_ID", "node_id", v.line)
+        get("AGENTIK_LEASE_TTL", "lease_ttl", v.seconds)
+        get("AGENTIK_DB_TIMEOUT", "db_timeout", v.db_seconds)
+        get("AGENTIK_NODE_URL", "node_url", v.url)
+        get("AGENTIK_GC_THRESHOLD", "gc_threshold", v.non_negative_int)
         get("AGENTIK_USERS", "users_file", str)
         get("AGENTIK_JWT_JWKS", "jwt_jwks", str)
         get("AGENTIK_JWT_ISSUER", "jwt_issuer", str)
         get("AGENTIK_JWT_AUDIENCE", "jwt_audience", str)
-        get("AGENTIK_JWT_ROLE_CLAIM", "jwt_role_claim", _non_empty)
+        get("AGENTIK_JWT_ROLE_CLAIM", "jwt_role_claim", v.line)
         return cls(**kw)
 
     def replace(self, **changes: Any) -> Config:
@@ -226,62 +231,6 @@ class Config:
         return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-def _port(raw: str) -> int:
-    value = int(raw)
-    if not 0 <= value <= 65535:
-        raise ValueError("must be 0..65535")
-    return value
-
-
-def _non_empty(raw: str) -> str:
-    if not raw.strip():
-        raise ValueError("must not be empty")
-    return raw.strip()
-
-
-def _positive_int(raw: str) -> int:
-    value = int(raw)
-    if value <= 0:
-        raise ValueError("must be a positive integer")
-    return value
-
-
-def _non_negative_int(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-def _positive_float(raw: str) -> float:
-    value = float(raw)
-    if not value > 0:
-        raise ValueError("must be a positive number")
-    return value
-
-
-def _postgres_url(raw: str) -> str:
-    if not raw.startswith(("postgresql://", "postgres://")):
-        raise ValueError("must start with postgresql:// (PostgreSQL is the only database URL)")
-    return raw
-
-
-def _url(raw: str) -> str:
-    if not raw.startswith(("http://", "https://")):
-        raise ValueError("must start with http:// or https://")
-    return raw
-
-
-def _origins(raw: str) -> tuple[str, ...]:
-    origins = tuple(o.strip().rstrip("/") for o in raw.split(",") if o.strip())
-    if not origins:
-        raise ValueError("no origin in the list")
-    for origin in origins:
-        if origin != "*" and not origin.startswith(("http://", "https://")):
-            raise ValueError(f"origin {origin!r} must be * or start with http:// or https://")
-    return origins
-
-
 def _image_types(raw: str) -> tuple[str, ...]:
     types = tuple(dict.fromkeys(t.strip().lower() for t in raw.split(",") if t.strip()))
     if not types:
@@ -291,20 +240,3 @@ def _image_types(raw: str) -> tuple[str, ...]:
             raise ValueError(f"{kind!r} is not an image type agentik can check "
                              f"(one of {', '.join(SIGNATURES)})")
     return types
-
-
-def _tokens(raw: str) -> tuple[str, ...]:
-    tokens = tuple(t.strip() for t in raw.split(",") if t.strip())
-    if not tokens:
-        raise ValueError("no token in the list")
-    return tokens
-
-
-def _choice(*choices: str, upper: bool = False) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        value = raw.strip().upper() if upper else raw.strip().lower()
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}")
-        return value
-
-    return parse

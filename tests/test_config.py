@@ -106,7 +106,9 @@ def test_bad_value_names_the_variable(variable: str, value: str) -> None:
     with pytest.raises(ConfigError) as info:
         Config.from_env({variable: value})
     assert info.value.variable == variable
-    assert str(info.value).startswith(variable) and repr(value) in str(info.value)
+    assert str(info.value).startswith(variable)
+    # the value is shown, except a secret's (tests/test_config_sweep.py)
+    assert (repr(value) in str(info.value)) is (variable != "AGENTIK_TOKENS")
 
 
 def test_context_settings() -> None:

@@ -30,7 +30,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics", "agentik.api",
               "agentik.ids", "agentik.content"),
     # agentik.users / agentik.limits: principals and per-user limits, pure like the config
-    "config": ("agentik.config", "agentik.users", "agentik.limits"),
+    "config": ("agentik.config", "agentik.config_values", "agentik.users", "agentik.limits"),
     "context": ("agentik.context",),
     # agentik.storage: the shared core (ops, types, reads, hub, committer, health); its engines
     # below it, each with its own SQL; storage.actor opens one of them (the only module that

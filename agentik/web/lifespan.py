@@ -53,9 +53,10 @@ async def start_runtime(app: QuartTrio, st: WebState) -> None:
     except Exception as exc:
         message = f"agentik cannot start: {describe(exc)}"
         st.startup_error = exc
-        if st.report_startup:
+        reported = st.report_startup and process.first_to_report()
+        if reported:
             log.critical(message)
-        process.end_failed_startup(exc)  # under hypercorn's CLI: leave now (see there)
+        process.end_failed_startup(exc, reported=reported)  # under hypercorn's CLI: leave now
         raise StartupFailed(message) from None
     log.info("agentik runtime started (database %s, epoch %s)", st.config.database, st.require_agent().id)
 

@@ -22,7 +22,9 @@ import gc
 import logging
 import multiprocessing
 import os
+import select
 import signal
+import socket
 import sys
 import threading
 from typing import TYPE_CHECKING
@@ -50,7 +52,7 @@ def flush_logs() -> None:
     sys.stderr.flush()
 
 
-def terminate(status: int) -> None:
+def terminate(status: int, *, end_supervisor: bool = True) -> None:
     """End the process now with ``status`` (the runtime is already closed, or never opened).
 
     In a worker of hypercorn's supervisor (``hypercorn -k trio``), the worker's status is lost:
@@ -66,9 +68,54 @@ def terminate(status: int) -> None:
     flush_logs()
     supervisor = supervisor_pid()
     if supervisor is not None:
-        release_supervisor_semaphores()
-        os.kill(supervisor, signal.SIGKILL)
+        if end_supervisor:
+            release_supervisor_semaphores()
+        _wait_gone(supervisor, kill=end_supervisor)
     os._exit(status)
+
+
+def _wait_gone(pid: int, *, kill: bool) -> None:
+    """SIGKILL ``pid`` (``kill``), and wait (at most 5 s) until it has exited: the reporting
+    worker, so that a sibling looking after it finds its supervisor gone
+    (:func:`first_to_report`); a silent sibling, so that the supervisor does not see a worker
+    end and clean up the semaphores the reporting worker is releasing (its traceback and
+    warnings would follow the report)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already, or no pidfd here
+        fd = None
+    if kill:
+        os.kill(pid, signal.SIGKILL)
+    if fd is not None:
+        select.select([fd], [], [], 5.0)  # readable once the process has exited
+        os.close(fd)
+
+
+#: held until this worker exits: its claim to report the start-up failure of its server
+_report_claim: socket.socket | None = None
+
+
+def first_to_report() -> bool:
+    """Whether this process reports its start-up failure: always, except in a worker of
+    hypercorn's supervisor (``-w 2``), where every worker fails alike on a bad setting and
+    only the first says so. It claims a name (an abstract socket named by the supervisor's
+    pid, held until this process exits) while the supervisor lives; the first to report
+    kills the supervisor and waits for its end before exiting (:func:`terminate`), so a later
+    worker finds the name taken or the supervisor gone, and ends in silence."""
+    global _report_claim
+    parent = multiprocessing.parent_process()
+    if parent is None or not sys.platform.startswith("linux"):
+        return True
+    if parent.pid is None or os.getppid() != parent.pid:
+        return False  # the supervisor is gone: a sibling reported and ended it
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        claim.bind(f"\0agentik-startup-failed-{parent.pid}")
+    except OSError:
+        claim.close()
+        return False  # a sibling is reporting
+    _report_claim = claim
+    return os.getppid() == parent.pid
 
 
 def release_supervisor_semaphores() -> None:
@@ -113,16 +160,22 @@ def tune_gc(threshold: int) -> None:
 BAD_SETTING, STARTUP_FAILED = 2, 1
 
 
-def end_failed_startup(exc: BaseException) -> None:
+def end_failed_startup(exc: BaseException, *, reported: bool = True) -> None:
     """After a start-up failure (``exc``) was reported in its one line: under hypercorn's command
     line, end the process here, before hypercorn adds its own report. A worker of its supervisor
     (``hypercorn -k trio``, one or more workers) ends through :func:`terminate`; the app run in
     hypercorn's own process (``-w 0``) exits :data:`BAD_SETTING` or :data:`STARTUP_FAILED`,
     where hypercorn would print the failure again as a 40-line traceback and exit 1. Embedded
     (``agentik serve``, ``hypercorn.trio.serve`` in tests) it returns, and the caller's lifespan
-    fails as usual."""
-    if supervisor_pid() is not None or _run_by_hypercorn_cli():
-        terminate(BAD_SETTING if isinstance(exc, ConfigError) else STARTUP_FAILED)
+    fails as usual. A worker that did not report (``reported``: a sibling did, see
+    :func:`first_to_report`) ends alone, in silence."""
+    if multiprocessing.parent_process() is not None or _run_by_hypercorn_cli():
+        # A worker: also one whose supervisor a sibling already ended (it would otherwise
+        # print hypercorn's traceback of the failure after the sibling's line).
+        # Only the worker that reported ends the supervisor: two releasing its semaphores at
+        # once left its resource tracker warning about them.
+        terminate(BAD_SETTING if isinstance(exc, ConfigError) else STARTUP_FAILED,
+                  end_supervisor=reported)
 
 
 def _run_by_hypercorn_cli() -> bool:
