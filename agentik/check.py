@@ -106,19 +106,23 @@ async def _mcp(config: Config) -> list[Item]:
     """One item per configured MCP server: started (or reached) and its tools listed."""
     if not config.mcp_config:
         return []
+    from agentik.tools.config import load_mcp_config
     from agentik.tools.mcp import run_mcp_registry
 
+    # Read the file first: its error raised inside the nursery below would leave it wrapped in
+    # an exception group (a traceback instead of this line).
     try:
-        async with trio.open_nursery() as nursery:
-            registry = await nursery.start(run_mcp_registry, config)
-            names = [s["name"] for s in registry.status()]
-            with trio.move_on_after(ITEM_TIMEOUT):
-                await registry.wait_until(lambda: all(
-                    registry.server_state(n) != "connecting" for n in names))
-            status = registry.status()
-            nursery.cancel_scope.cancel()
-    except AgentikError as exc:  # a malformed mcp.json
-        return [Item("mcp", False, str(exc))]
+        await load_mcp_config(config.mcp_config)
+    except ConfigError as exc:  # a missing or malformed mcp.json
+        return [Item("mcp", False, str(exc), bad_setting=True)]
+    async with trio.open_nursery() as nursery:
+        registry = await nursery.start(run_mcp_registry, config)
+        names = [s["name"] for s in registry.status()]
+        with trio.move_on_after(ITEM_TIMEOUT):
+            await registry.wait_until(lambda: all(
+                registry.server_state(n) != "connecting" for n in names))
+        status = registry.status()
+        nursery.cancel_scope.cancel()
     items = []
     for server in status:
         name = f"mcp {server['name']}"

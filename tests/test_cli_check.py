@@ -74,3 +74,15 @@ async def test_check_a_database_that_cannot_be_written(tmp_path: Path) -> None:
 async def test_check_a_bad_setting_exits_2(tmp_path: Path) -> None:
     code, out = await run(["check"], env_for(tmp_path, AGENTIK_PORT="x"), tmp_path)
     assert code == 2 and "AGENTIK_PORT" in out
+
+
+async def test_check_a_malformed_mcp_json_is_one_line_and_exits_2(tmp_path: Path) -> None:
+    mcp = tmp_path / "mcp.json"
+    mcp.write_text(json.dumps({"mcpServers": {"calc": {"command": "python", "args": "calc.py"}}}))
+    async with open_scripted_openai() as openai:
+        env = env_for(tmp_path, openai, AGENTIK_MCP_CONFIG=str(mcp))
+        code, out = await run(["check"], env, tmp_path)
+    assert code == 2, out
+    assert "Traceback" not in out, out
+    assert out.splitlines()[-1] == ('failed mcp: AGENTIK_MCP_CONFIG: server "calc": field "args": '
+                                    "Expected `array`, got `str`"), out
