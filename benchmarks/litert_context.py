@@ -31,8 +31,7 @@ from agentik.actors.compaction import SUMMARY_PROMPT
 from agentik.llm.base import ToolSpec
 from agentik.llm.litert import LiteRtConversation, LiteRtLlm
 from agentik.wire import AssistantMessage, SystemItem, WorkingItem
-
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+from tests.models import REAL
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -158,7 +157,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    default = MODELS / "gemma3-270m-int4.litertlm"
+    default = REAL
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(default))
     parser.add_argument("--turns", type=int, default=30)

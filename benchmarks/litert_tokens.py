@@ -24,8 +24,8 @@ import trio
 from agentik.llm.base import FinishDelta, UsageDelta
 from agentik.llm.litert import LiteRtLlm
 from agentik.wire import Text
+from tests.models import REAL, TINY
 
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
 
@@ -88,9 +88,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    default = MODELS / "gemma3-270m-int4.litertlm"
+    default = REAL
     if not default.is_file():
-        default = MODELS / "tiny-random.litertlm"
+        default = TINY
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(default))
     parser.add_argument("--tokens", type=int, default=128)

@@ -14,9 +14,8 @@ import trio
 import agentik
 from agentik import Config
 from agentik.wire import AssistantMessage, CommonEvent, Cursor, Error
+from tests.models import REAL
 
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
-REAL = MODELS / "gemma3-270m-int4.litertlm"
 needs_real = pytest.mark.skipif(
     not (importlib.util.find_spec("litert_lm") is not None and REAL.is_file()),
     reason=f"needs litert_lm and the model {REAL}",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,10 +28,8 @@ from agentik.llm.base import (
     UsageDelta,
 )
 from agentik.wire import AssistantItem, Content, SystemItem, Text, UserItem, WorkingItem
+from tests.models import TINY
 from tests.scripted_openai import Hang, ScriptedOpenAI, open_scripted_openai
-
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
-TINY = MODELS / "tiny-random.litertlm"
 
 
 def litert_skip_reason() -> str | None:

@@ -53,10 +53,7 @@ from agentik.wire import (
     UserMessage,
     WorkingItem,
 )
-
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
-TINY = MODELS / "tiny-random.litertlm"
-REAL = MODELS / "gemma3-270m-int4.litertlm"
+from tests.models import REAL, TINY
 
 HAVE_LITERT = importlib.util.find_spec("litert_lm") is not None
 needs_litert = pytest.mark.skipif(
