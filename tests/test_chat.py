@@ -6,6 +6,8 @@ session leader with the pty as its controlling terminal)."""
 from __future__ import annotations
 
 import fcntl
+import io
+import itertools
 import json
 import os
 import pty
@@ -20,13 +22,31 @@ from pathlib import Path
 import pytest
 import trio
 
+from agentik.client.chat_input import EndOfInput, Entered, Erased, LineEditor, Typed
+from agentik.client.chat_screen import ChatScreen
 from agentik.config import Config
 from agentik.tools.base import FunctionTools
+from agentik.wire import (
+    AppendText,
+    AssistantMessage,
+    AssistantMessageEvent,
+    End,
+    Interrupted,
+    MessageRecord,
+    Text,
+    ToolCall,
+    ToolCallEvent,
+    ToolResult,
+    ToolResultEvent,
+    Working,
+)
 from tests.scripted_openai import Hang, Reply, ScriptedOpenAI, ToolCalls
 from tests.webutil import serve_app
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = 20
+#: a whole test's bound: it waits on events only, but starts a Python process and a server on a
+#: machine that may be loaded
+TIMEOUT = 45
 
 
 def _controlling_tty() -> None:
@@ -125,8 +145,9 @@ async def test_chat_streams_interrupts_and_quits(
             turn_start = screen.rindex(marker) + len(marker)
             screen = await term.expect("you> ")
             # The live text and the durable tool result travel on different connections, so
-            # the result line may land inside the streamed answer (which then resumes).
-            turn = screen[turn_start:].lstrip("\n")
+            # the result line may land inside the streamed answer (which then resumes); the
+            # prompt waits for both streams' end of the turn, so nothing of it comes after.
+            turn = screen[turn_start:screen.index("you> ", turn_start)].lstrip("\n")
             assert "[tool result: add: 5]" in turn
             joined = turn.replace("\n[tool result: add: 5]\nagent: ", "").replace(
                 "[tool result: add: 5]\n", ""
@@ -150,6 +171,121 @@ async def test_chat_streams_interrupts_and_quits(
             messages = await (await srv.agent.get_conversation(conv.id)).get_messages()  # type: ignore[union-attr]
             last = messages[-1].message
             assert getattr(last, "interrupted", False)  # what the user saw was kept
+
+
+async def test_chat_holds_what_is_typed_while_an_answer_streams(
+    config: Config, scripted: ScriptedOpenAI
+) -> None:
+    """Typed while an answer streams: nothing of it shows inside the answer; after it, each
+    finished line is shown after a prompt and taken in turn (a command, then a message), and the
+    unfinished one is back on the prompt, still being typed."""
+    gate = trio.Event()
+    with trio.fail_after(TIMEOUT):
+        async with serve_app(config) as srv, chat("--url", srv.url) as term:
+            await term.expect("you> ")
+            scripted.push(Reply(["Once ", "upon ", "a ", "time."], gate=gate))
+            await term.write("tell me a story\n")
+            start = (await term.expect("agent: Once ")).rindex("agent: Once ")
+            await term.write("/title typed meanwhile\n")
+            await term.write("second question\n")
+            await term.write("and a pa\x7f\x7fpart")  # Backspace twice: edited, unseen
+            gate.set()
+            await term.expect("[the agent is working…]")  # the second question's turn
+            screen = await term.expect("you> and a part")
+            assert screen[start:] == (
+                "agent: Once upon a time.\n"
+                "you> /title typed meanwhile\n"
+                "[title: typed meanwhile]\n"
+                "you> second question\n"
+                "[the agent is working…]\n"
+                "agent: echo: second question\n"
+                "you> and a part"
+            ), screen[start:]
+            await term.write("nership\n")
+            await term.expect("agent: echo: and a partnership")
+            await term.write("/quit\n")
+            await term.expect("bye")
+            assert await term.process.wait() == 0
+            conv = (await srv.agent.conversations_snapshot()).conversations[0]
+            assert conv.title == "typed meanwhile"
+        asked = [r["messages"][-1]["content"] for r in scripted.requests]
+        assert asked == ["tell me a story", "second question", "and a partnership"], asked
+
+
+def _record(seq: int, message: object) -> MessageRecord:
+    return MessageRecord(id=f"m{seq}", seq=seq, conversation_id="c", created_at=0.0,
+                         message=message)  # type: ignore[arg-type]
+
+
+def _interleavings(a: list[object], b: list[object]) -> list[list[object]]:
+    """Every merge of two sequences that keeps the order within each."""
+    out = []
+    for picks in itertools.combinations(range(len(a) + len(b)), len(a)):
+        ia, ib = iter(a), iter(b)
+        out.append([next(ia) if n in picks else next(ib) for n in range(len(a) + len(b))])
+    return out
+
+
+def test_the_prompt_comes_after_everything_of_the_turn_whatever_the_order() -> None:
+    """The live and the durable stream are not ordered with each other: in every interleaving
+    of a turn's events the prompt comes once, last, after the tool lines and the whole answer
+    (it used to come at the live End, before a late tool result)."""
+    live = [Working(turn_id="t"), AppendText(text="It is 5."), End(turn_id="t")]
+    durable = [
+        ToolCallEvent(record=_record(2, ToolCall(call_id="1", name="add", arguments="{}",
+                                                 turn_id="t"))),
+        ToolResultEvent(record=_record(3, ToolResult(call_id="1", name="add", content="5",
+                                                     turn_id="t"))),
+        AssistantMessageEvent(record=_record(4, AssistantMessage(
+            content=[Text(body="It is 5.")], turn_id="t"))),
+    ]
+    for order in _interleavings(live, durable):
+        out = io.StringIO()
+        screen = ChatScreen(out)
+        screen.turn_started()
+        for event in order:
+            if event in live:
+                screen.render_online(event)
+            else:
+                screen.render_durable(event)
+        shown = out.getvalue()
+        assert shown.count("you> ") == 1 and shown.endswith("you> "), (order, shown)
+        assert "[tool result: add: 5]" in shown and "It is 5." in shown, (order, shown)
+        assert not screen.busy
+
+
+def test_an_interrupted_turn_ends_at_its_interrupted_and_its_end_in_either_order() -> None:
+    live = [Working(turn_id="t"), AppendText(text="Once "), End(turn_id="t")]
+    durable = [
+        AssistantMessageEvent(record=_record(2, AssistantMessage(
+            content=[Text(body="Once ")], turn_id="t", interrupted=True))),
+        Interrupted(turn_id="t"),
+    ]
+    for order in _interleavings(live, durable):
+        out = io.StringIO()
+        screen = ChatScreen(out)
+        screen.turn_started()
+        screen.interrupting = True
+        for event in order:
+            if event in live:
+                screen.render_online(event)
+            else:
+                screen.render_durable(event)
+        shown = out.getvalue()
+        assert shown.endswith("[interrupted]\nyou> ") or shown.endswith("Once \nyou> "), shown
+        assert shown.count("you> ") == 1 and "[interrupted]" in shown, (order, shown)
+
+
+def test_the_line_editor() -> None:
+    editor = LineEditor()
+    assert editor.feed("ab\x7fc\x1b[1;5Ad\x1bOPe\r") == [
+        Typed("a"), Typed("b"), Erased(1), Typed("c"), Typed("d"), Typed("e"), Entered("acde"),
+    ]
+    assert editor.feed("one two  \x17") == [*map(Typed, "one two  "), Erased(5)]
+    assert editor.text == "one "
+    assert editor.feed("\x04\x15\x7f") == [Erased(4)]  # Ctrl-D ends only an empty line
+    assert editor.feed("\x1b[") == [] and editor.feed("Bx\x04") == [Typed("x")]
+    assert editor.feed("\x15\x04") == [Erased(1), EndOfInput()]
 
 
 async def test_chat_picks_a_conversation_and_shows_history(

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing, contextmanager, nullcontext
 from typing import TextIO
 
 import trio
 
+from agentik.client.chat_input import is_terminal, keys_mode, start_reader
 from agentik.client.chat_screen import ChatScreen
 from agentik.client.errors import AgentikConnectionError, AuthError
 from agentik.client.http import AgentikAgent, HttpConversation
@@ -36,31 +36,6 @@ from agentik.wire import (
 HISTORY = 10
 
 
-class _Lines:
-    """stdin lines delivered into trio by a daemon thread (a blocking read cannot be cancelled;
-    the thread simply dies with the process). ``None`` means end of input."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._send, self._receive = trio.open_memory_channel[str | None](16)
-        self._stream = stream
-        self._token = trio.lowlevel.current_trio_token()
-        threading.Thread(target=self._read, name="agentik-chat-stdin", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            while True:
-                line = self._stream.readline()
-                trio.from_thread.run(self._send.send, line.rstrip("\n") if line else None,
-                                     trio_token=self._token)
-                if not line:
-                    return
-        except (trio.RunFinishedError, trio.BrokenResourceError, trio.Cancelled):
-            return
-
-    async def next(self) -> str | None:
-        return await self._receive.receive()
-
-
 class Chat(ChatScreen):
     """One chat session: the conversation, the streams that feed the screen, the user's lines."""
 
@@ -71,11 +46,45 @@ class Chat(ChatScreen):
         self.quit = trio.Event()
         #: set by /new and /list: the conversation to continue with (the session restarts on it)
         self.switch_to: HttpConversation | None = None
+        self._wake = trio.Event()
+
+    # --- input -----------------------------------------------------------------------------------
+
+    @contextmanager
+    def reading(self, stdin: TextIO) -> Iterator[None]:
+        """Read ``stdin`` while in the block: keys from a terminal (its own echo off), lines
+        from anything else. The reading thread hands them over into trio."""
+        keys = is_terminal(stdin)
+        token = trio.lowlevel.current_trio_token()
+        handle = self.keys if keys else self.line
+
+        def deliver(data: str | None) -> None:
+            try:
+                trio.from_thread.run_sync(handle, data, trio_token=token)
+            except trio.RunFinishedError:
+                pass
+
+        with keys_mode(stdin) if keys else nullcontext():
+            start_reader(stdin, deliver, keys)
+            yield
+
+    def changed(self) -> None:
+        self._wake.set()
+
+    async def next_line(self) -> str | None:
+        """The next line the user finished, once no turn runs (None: the end of the input)."""
+        while (taken := self.take()) is None:
+            self._wake = trio.Event()
+            await self._wake.wait()
+        return taken.line
+
+    async def run(self, conv: HttpConversation, sigint: AsyncIterator[int]) -> int:
+        return await _run(self, conv, sigint)
 
     # --- start-up --------------------------------------------------------------------------------
 
     async def pick(
-        self, lines: _Lines, conversation_id: str | None, *, current: str | None = None
+        self, conversation_id: str | None, *, current: str | None = None
     ) -> HttpConversation | None:
         """The conversation to chat in: ``conversation_id``, else the user's choice from the list
         (``current``: the one already open, marked, and what Enter keeps in /list)."""
@@ -96,7 +105,7 @@ class Chat(ChatScreen):
         keep = "keep this one" if current is not None else "a new one"
         while True:
             self.say(f"pick a number, or Enter for {keep}: ", end="")
-            answer = await lines.next()
+            answer = await self.next_line()
             if answer is None:
                 return None
             answer = answer.strip().lower()
@@ -159,7 +168,7 @@ class Chat(ChatScreen):
                     async for ce in events:
                         self.render_online(ce.event)
             except AgentikConnectionError:
-                pass  # the durable stream reports the connection state
+                self.live_lost()  # the durable stream reports the connection state
             except AgentikError as exc:
                 self.note(f"live stream: {exc}")
             await trio.sleep(0.5)
@@ -177,11 +186,10 @@ class Chat(ChatScreen):
                 self.quit.set()
                 return
 
-    async def input_loop(self, lines: _Lines, conv: HttpConversation) -> None:
+    async def input_loop(self, conv: HttpConversation) -> None:
         self.prompt()
         while True:
-            line = await lines.next()
-            self.line_open = self.at_prompt = False  # the terminal echoed the line and its newline
+            line = await self.next_line()
             if line is None or line.strip() == "/quit":
                 self.quit.set()
                 return
@@ -190,7 +198,7 @@ class Chat(ChatScreen):
                 continue
             if line.strip().startswith("/"):
                 try:
-                    await self.command(line.strip(), lines, conv)
+                    await self.command(line.strip(), conv)
                 except AgentikError as exc:
                     self.note(f"{line.strip().split()[0]} failed: {exc}")
                 if self.quit.is_set():
@@ -210,7 +218,7 @@ class Chat(ChatScreen):
                 self.prompt()
 
 
-    async def command(self, line: str, lines: _Lines, conv: HttpConversation) -> None:
+    async def command(self, line: str, conv: HttpConversation) -> None:
         """A ``/command`` line. Unknown ones are refused here, never sent to the model."""
         name, _, arg = line.partition(" ")
         arg = arg.strip()
@@ -224,7 +232,7 @@ class Chat(ChatScreen):
             self.switch_to = await self.agent.create_conversation(title=arg or None)
             self.quit.set()
         elif name == "/list":
-            picked = await self.pick(lines, None, current=conv.id)
+            picked = await self.pick(None, current=conv.id)
             if picked is not None and picked.id != conv.id:
                 self.switch_to = picked
                 self.quit.set()
@@ -250,40 +258,47 @@ async def run_chat(
     with trio.open_signal_receiver(signal.SIGINT) as sigint:
         async with AgentikAgent(f"agentik-chat-{uuid.uuid4()}", url, token) as agent:
             chat = Chat(agent, out)
-            lines = _Lines(stdin or sys.stdin)
-            try:
-                info = await agent.info()
-                chat.say(f"connected to {info.name} {info.version} at {agent.base_url}")
-                conv = await chat.pick(lines, conversation_id)
-                if conv is None:
-                    return 1 if conversation_id is not None else 0
-            except AgentikConnectionError as exc:
-                print(f"agentik chat: {exc} (is the server running? see --url)", file=sys.stderr)
-                return 1
-            except AuthError:
-                print(f"agentik chat: the server at {agent.base_url} refused the token; "
-                      "pass the right one with --token or AGENTIK_TOKEN", file=sys.stderr)
-                return 1
-            while True:
-                chat.conv = conv
+            with chat.reading(stdin or sys.stdin):
                 try:
-                    # The cursor BEFORE the history: nothing between the two is missed.
-                    after = await agent.outbox.current_cursor()
-                    await chat.show_history(conv)
-                except AgentikError as exc:
-                    print(f"agentik chat: {exc}", file=sys.stderr)
+                    info = await agent.info()
+                    chat.say(f"connected to {info.name} {info.version} at {agent.base_url}")
+                    conv = await chat.pick(conversation_id)
+                    if conv is None:
+                        return 1 if conversation_id is not None else 0
+                except AgentikConnectionError as exc:
+                    print(f"agentik chat: {exc} (is the server running? see --url)",
+                          file=sys.stderr)
                     return 1
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(chat.durable, conv, after)
-                    nursery.start_soon(chat.online, conv)
-                    nursery.start_soon(chat.on_sigint, sigint)
-                    nursery.start_soon(chat.input_loop, lines, conv)
-                    await chat.quit.wait()
-                    nursery.cancel_scope.cancel()
-                if chat.switch_to is None:
-                    break
-                conv, chat.switch_to = chat.switch_to, None  # /new or /list: go on there
-                chat.quit = trio.Event()
-                chat.busy = chat.interrupting = False
-            chat.say("\nbye")
-    return 0
+                except AuthError:
+                    print(f"agentik chat: the server at {agent.base_url} refused the token; "
+                          "pass the right one with --token or AGENTIK_TOKEN", file=sys.stderr)
+                    return 1
+                status = await chat.run(conv, sigint)
+                chat.say("\nbye")
+                return status
+
+
+async def _run(chat: Chat, conv: HttpConversation, sigint: AsyncIterator[int]) -> int:
+    """(Chat.run) The sessions: one conversation after another (/new, /list) until the user
+    quits; 0, or 1 if the server stops answering."""
+    while True:
+        chat.conv = conv
+        try:
+            # The cursor BEFORE the history: nothing between the two is missed.
+            after = await chat.agent.outbox.current_cursor()
+            await chat.show_history(conv)
+        except AgentikError as exc:
+            print(f"agentik chat: {exc}", file=sys.stderr)
+            return 1
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(chat.durable, conv, after)
+            nursery.start_soon(chat.online, conv)
+            nursery.start_soon(chat.on_sigint, sigint)
+            nursery.start_soon(chat.input_loop, conv)
+            await chat.quit.wait()
+            nursery.cancel_scope.cancel()
+        if chat.switch_to is None:
+            return 0
+        conv, chat.switch_to = chat.switch_to, None  # /new or /list: go on there
+        chat.quit = trio.Event()
+        chat.busy = chat.interrupting = False

@@ -5,15 +5,23 @@ session) feeds it the durable and the live events and the user's lines.
 The answer comes twice: streamed (live ``AppendText``) and whole (the durable
 ``AssistantMessage``). Live events missed while disconnected are lost, so a turn whose text was
 not streamed is shown from its durable record instead, and late live text of such a turn is then
-ignored. A turn is over (the prompt comes back) once its End arrived and, if the user
-interrupted it, its Interrupted too (the two come on different streams, in either order).
+ignored. A turn is over (the prompt comes back) once the journal has its end (the answer, an
+error or ``Interrupted``) and, if its text was streamed, the live End came too: the two streams
+are not ordered with each other, and either may come first; nothing of the turn comes after
+the prompt.
+
+What the user types while a turn runs is held, unseen, and shown after the prompt when the turn
+is over; a line finished meanwhile is taken then (agentik/client/chat_input.py).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
-from typing import TextIO
+from dataclasses import dataclass
+from typing import TextIO, assert_never
 
+from agentik.client.chat_input import EndOfInput, Entered, Erased, LineEditor, Typed
 from agentik.wire import (
     AppendText,
     AssistantMessage,
@@ -46,16 +54,27 @@ def _short(text: str, n: int = 200) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
+@dataclass
+class Input:
+    """A line the user finished (None: the end of the input), and whether it is on the screen."""
+
+    line: str | None
+    shown: bool
+
+
 class ChatScreen:
     """The terminal and the state of the current turn as the screen follows it."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
-        self.busy = False  # a turn of ours is running (from send until End)
+        self.busy = False  # a turn is running (from send, or its Working, until it is over)
         self.interrupting = False
         self.streamed = False  # text of the current turn was printed (a newline is due)
-        self.ended = False  # the online End of the current turn arrived
-        self.interrupted = False  # the durable Interrupted of the current turn arrived
+        self.ended = False  # the online End of the current turn arrived (or is not awaited)
+        self.stored = False  # the journal's end of the current turn arrived
+        self.editor = LineEditor()
+        #: lines finished and not taken yet, oldest first
+        self.entered: deque[Input] = deque()
         self.at_prompt = False
         self.line_open = False  # the cursor is not at the start of a line
         self.live_turn: str | None = None
@@ -73,8 +92,9 @@ class ChatScreen:
 
     def note(self, text: str) -> None:
         """A status line, on its own line even in the middle of streamed text or the prompt;
-        the prompt is shown again after it."""
-        reprompt = self.at_prompt
+        the prompt is shown again after it (unless a turn runs: it comes when the turn is
+        over)."""
+        reprompt = self.at_prompt and not self.busy
         if self.line_open:
             self.say("")
         self.streamed = False
@@ -83,27 +103,99 @@ class ChatScreen:
             self.prompt()
 
     def prompt(self) -> None:
-        self.say(PROMPT, end="")
+        """The prompt, then a line typed while the turn ran (it is taken next), or what is
+        being typed."""
+        held = next((i for i in self.entered if not i.shown), None)
+        if held is not None:
+            held.shown = True
+            self.say(PROMPT + (held.line or ""))
+            self.changed()
+            return
+        self.say(PROMPT + self.editor.text, end="")
         self.at_prompt = True
 
-    def catch_up(self, turn_id: str | None) -> None:
-        """The durable stream ended this turn; its live End may never come."""
-        self.caught_up_turns.add(turn_id)
-        self.ended = True
-        self.maybe_finish_turn()
+    def changed(self) -> None:
+        """Called when a line may be ready to take (the session wakes its input loop)."""
+
+    # --- what the user types -----------------------------------------------------------------
+
+    def keys(self, keys: str | None) -> None:
+        """Keys from the terminal (None: its end). Echoed while no turn runs; held unseen
+        while one does (they would land inside the answer), and shown after it."""
+        echo = not self.busy
+        edits = self.editor.feed(keys) if keys is not None else [EndOfInput()]
+        for edit in edits:
+            match edit:
+                case Typed(text=text):
+                    if echo:
+                        self._echo(text)
+                case Erased(count=count):
+                    if echo:
+                        self._echo("\b \b" * count)
+                case Entered(line=line):
+                    if echo:
+                        self.say("")  # the newline
+                    self.entered.append(Input(line, shown=echo))
+                case EndOfInput():
+                    if echo and self.line_open:
+                        self.say("")
+                    self.entered.append(Input(None, shown=echo))
+                case _:
+                    assert_never(edit)
+        if self.entered:
+            self.changed()
+
+    def line(self, line: str | None) -> None:
+        """A line from input that is not a terminal (not echoed there, nor here)."""
+        self.entered.append(Input(line, shown=True))
+        self.line_open = self.at_prompt = False
+        self.changed()
+
+    def take(self) -> Input | None:
+        """The next line to act on, or None while a turn runs or none is finished."""
+        if self.busy or not self.entered:
+            return None
+        return self.entered.popleft()
+
+    def _echo(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+        self.line_open = True
+
+    # --- the turn ----------------------------------------------------------------------------
 
     def turn_started(self) -> None:
         self.busy = True
-        self.ended = self.interrupted = False
+        self.ended = self.stored = False
+
+    def turn_stored(self, turn_id: str | None) -> None:
+        """The journal has this turn's end. If none of its text was streamed, its live End is
+        not awaited (it may never come), and late live text of it is ignored."""
+        self.stored = True
+        if turn_id not in self.streamed_turns:
+            self.caught_up_turns.add(turn_id)
+            self.ended = True
+        self.maybe_finish_turn()
+
+    def live_lost(self) -> None:
+        """The live stream broke: what it streamed of this turn is incomplete, so the answer
+        is shown whole from the journal, and its End is not awaited."""
+        self.streamed_turns.discard(self.live_turn)
+        if self.streamed:
+            self.say("")
+            self.streamed = False
+        if self.stored:
+            self.turn_stored(self.live_turn)
 
     def maybe_finish_turn(self) -> None:
-        """Show the prompt once the turn is over: its End arrived and, if the user interrupted
-        it, its Interrupted too (the two come on different streams, in either order)."""
-        if not self.busy or not self.ended or (self.interrupting and not self.interrupted):
+        """Show the prompt once the turn is over: the journal has its end and the live End
+        came (or is not awaited)."""
+        if not self.busy or not self.ended or not self.stored:
             return
         self.busy = False
         self.interrupting = False
         self.prompt()
+        self.changed()
 
     def show_records(self, title: str | None, conversation_id: str,
                      records: Sequence[MessageRecord]) -> None:
@@ -137,25 +229,25 @@ class ChatScreen:
                 self.note(f"{verdict}: {msg.name}: {_short(msg.content)}")
             elif isinstance(msg, ErrorMessage):
                 self.note(f"error: {msg.message}")
-                self.catch_up(msg.turn_id)
+                self.turn_stored(msg.turn_id)
         elif isinstance(event, AssistantMessageEvent):
             msg = event.record.message
-            if (
-                isinstance(msg, AssistantMessage) and not msg.interrupted
-                and msg.turn_id not in self.streamed_turns
-            ):
-                self.note("live stream missed; the whole answer:")
-                self.say(f"agent: {_text(list(msg.content))}")
-                self.catch_up(msg.turn_id)
+            if isinstance(msg, AssistantMessage) and not msg.interrupted:
+                if msg.turn_id not in self.streamed_turns:
+                    self.note("live stream missed; the whole answer:")
+                    self.say(f"agent: {_text(list(msg.content))}")
+                self.turn_stored(msg.turn_id)
         elif isinstance(event, Interrupted):
             self.note("interrupted")
-            self.interrupted = True
-            self.maybe_finish_turn()
+            self.turn_stored(event.turn_id)
         elif isinstance(event, Deleted):
             self.note("the conversation was deleted")
 
     def render_online(self, event: object) -> None:
         if isinstance(event, Working):
+            self.live_turn = event.turn_id
+            if event.turn_id in self.caught_up_turns:
+                return  # a late one: the journal ended this turn already
             if not self.busy:
                 self.turn_started()
             if event.turn_id not in self.working_shown and event.turn_id not in self.streamed_turns:
@@ -163,7 +255,6 @@ class ChatScreen:
                 # say so once per turn, so a silent wait is never a blank screen.
                 self.working_shown.add(event.turn_id)
                 self.note("the agent is working…")
-            self.live_turn = event.turn_id
         elif isinstance(event, AppendText):
             if self.live_turn in self.caught_up_turns:
                 return
