@@ -68,6 +68,10 @@ def pb_check(body: Any, message: type[Any]) -> Any:
     return json_format.ParseDict(body, message())
 
 
+#: seconds a streaming exchange may take before the test fails
+STREAM_LIMIT = 30
+
+
 class Rpc:
     """A JSON-RPC client over httpx2 that validates every answer."""
 
@@ -106,8 +110,17 @@ class Rpc:
 
     @asynccontextmanager
     async def stream(self, method: str, params: Any) -> AsyncIterator[AsyncIterator[Any]]:
+        """A streaming call's events; the whole stream is bounded in time (a stream that never
+        ends, its heartbeats keeping the read timeout at bay, fails the test in 30 s)."""
         envelope = self.envelope(method, params)
         request_id = envelope["id"]
+        with trio.fail_after(STREAM_LIMIT):
+            async with self._stream(envelope, request_id) as events:
+                yield events
+
+    @asynccontextmanager
+    async def _stream(self, envelope: dict[str, Any], request_id: Any,
+                      ) -> AsyncIterator[AsyncIterator[Any]]:
         async with self.http.stream(
             "POST", self.path, json=envelope,
             headers={**V1, "Accept": "text/event-stream"}, timeout=httpx2.Timeout(30.0),
@@ -718,7 +731,8 @@ def _sdk_conversation(base_url: str) -> tuple[list[Any], Any, Any]:
                                    parts=[pb.Part(text="again")])))]
             return events, task, second
 
-    return asyncio.run(go())
+    # bounded: this thread cannot be cancelled from trio, and heartbeats keep a stream alive
+    return asyncio.run(asyncio.wait_for(go(), STREAM_LIMIT))
 
 
 async def test_a2a_sdk_client_talks_to_agentik(config: Config, openai: ScriptedOpenAI) -> None:
