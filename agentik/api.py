@@ -30,7 +30,8 @@ def as_content(content: Sequence[Content] | Content | str) -> list[Content]:
         return [Text(body=content)]
     if isinstance(content, Text | Image):
         return [content]
-    items = list(content)
+    # a list as it is: the one shape content keeps from here to the stored records
+    items = content if isinstance(content, list) else list(content)
     if not items:
         raise InvalidInputError("content must not be empty")
     return items

@@ -85,7 +85,7 @@ class ConversationHandle:
 
     async def submit(
         self,
-        content: Sequence[Content],
+        content: list[Content],
         context: MessageContext | None,
         *,
         on_busy: str | None = None,
@@ -112,7 +112,7 @@ class ConversationHandle:
             metrics.BUSY_REJECTIONS.inc()
             raise BusyError(f"conversation {self.conversation_id!r} is running a turn")
         handed = self.idle and not busy  # the actor waits in its mailbox: it gets this turn
-        turn = Turn(turn_id=new_id(), content=tuple(content), context=context, started=handed)
+        turn = Turn(turn_id=new_id(), content=content, context=context, started=handed)
         try:
             self.mailbox.send_nowait(turn)
         except trio.WouldBlock:
@@ -145,7 +145,7 @@ class ConversationHandle:
                     ops.AppendUserMessage(
                         conversation_id=self.conversation_id,
                         message_id=turn.turn_id,
-                        message=UserMessage(content=list(turn.content), context=turn.context),
+                        message=UserMessage(content=turn.content, context=turn.context),
                         idempotency=idempotency,
                         start=logic.user_item(turn.content) if turn.started else None,
                     )

@@ -17,7 +17,8 @@ from agentik.wire import Content, MessageContext
 @dataclass(eq=False)
 class Turn:
     turn_id: str  # the user message's id
-    content: tuple[Content, ...]
+    #: the send's list, as the stored message and its working-memory item carry it
+    content: list[Content]
     context: MessageContext | None
     #: started with its message, in the same commit (``ops.AppendUserMessage.start``: the
     #: conversation was idle, see ``ConversationHandle.submit``): the actor stores no StartTurn

@@ -129,7 +129,7 @@ class Registry:
     async def submit(
         self,
         conversation_id: str,
-        content: Sequence[Content],
+        content: list[Content],
         context: MessageContext | None,
         *,
         on_busy: str | None = None,

@@ -14,7 +14,6 @@ of two ways: with its answer (``after_round`` returns ``Answer``), or through :f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
@@ -82,7 +81,7 @@ class TurnState:
     pending_calls: list[ToolCallSpec] = field(default_factory=list)
 
 
-def start(state: TurnState, content: Sequence[Content]) -> ops.StartTurn:
+def start(state: TurnState, content: list[Content]) -> ops.StartTurn:
     """The op that opens the turn: its user message enters working memory now (not when it was
     queued), so it can never land between another turn's question and answer. (A message sent
     to an idle conversation is stored with this item already: ``ops.AppendUserMessage.start``.)"""
@@ -90,9 +89,9 @@ def start(state: TurnState, content: Sequence[Content]) -> ops.StartTurn:
                          item=user_item(content))
 
 
-def user_item(content: Sequence[Content]) -> UserItem:
-    """The working-memory item of a user message."""
-    return UserItem(content=list(content))
+def user_item(content: list[Content]) -> UserItem:
+    """The working-memory item of a user message (its list: content keeps one shape)."""
+    return UserItem(content=content)
 
 
 def new_round(state: TurnState) -> None:
