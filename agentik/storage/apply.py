@@ -10,8 +10,9 @@ or a field is a change here (and, for a new primitive, one method an engine: ``m
 engine that lacks it, ``tests/test_storage_ops.py`` runs every op on both engines).
 
 ``Rec`` is how an engine hands back a journal record it wrote (SQLite: the record; PostgreSQL:
-its batch-relative offset, the record is made after commit) and ``Res`` how it hands back an
-op's result (SQLite: the value; PostgreSQL: what makes it from the batch's base offset).
+its batch-relative offset, the record is made after commit); an op's result is such a record, a
+list of them, or what ``value``, ``conversation`` and ``offset`` make (SQLite: the value;
+PostgreSQL: what makes it from the batch's base offset).
 """
 
 from __future__ import annotations
@@ -50,15 +51,13 @@ from agentik.wire import (
 )
 
 Rec = TypeVar("Rec")
-Res = TypeVar("Res")
-Res_co = TypeVar("Res_co", covariant=True)
 
 #: the events that carry a journal record (``Target.journal``)
 RecordEvent = (UserMessageEvent | AssistantMessageEvent | ToolCallEvent | ToolResultEvent
                | ToolFailed | ErrorEvent)
 
 
-class Target(Protocol[Rec, Res_co]):
+class Target(Protocol[Rec]):
     """What an engine provides to the ops of one batch (see the module docstring)."""
 
     #: the batch's time: every time it stores
@@ -147,35 +146,31 @@ class Target(Protocol[Rec, Res_co]):
 
     # --- results ------------------------------------------------------------------------------
 
-    def value(self, value: object) -> Res_co: ...
+    def value(self, value: object) -> object: ...
 
-    def record(self, record: Rec) -> Res_co: ...
-
-    def records(self, records: list[Rec]) -> Res_co: ...
-
-    def conversation(self, conversation_id: str) -> Res_co:
+    def conversation(self, conversation_id: str) -> object:
         """The conversation's record as the op left it."""
 
-    def offset(self, seq: int) -> Res_co: ...
+    def offset(self, seq: int) -> object: ...
 
 
 # --- shared steps --------------------------------------------------------------------------------
 
 
-def touch(t: Target[Rec, Res], cid: str) -> None:
+def touch(t: Target[Rec], cid: str) -> None:
     seq = t.alloc()
     t.bump(cid, seq, touch=True)
     t.emit(seq, cid, Touched(conversation_id=cid, updated_at=t.now))
 
 
-def delete(t: Target[Rec, Res], cid: str, reason: str) -> None:
+def delete(t: Target[Rec], cid: str, reason: str) -> None:
     t.emit(t.alloc(), cid, ConversationClosing(reason=reason))
     t.drop_conversation(cid)
     t.emit(t.alloc(), cid, Deleted(conversation_id=cid))
 
 
-def idempotent(t: Target[Rec, Res], idem: ops.Idempotency | None, result_id: str,
-               write: Callable[[], Res]) -> Res:
+def idempotent(t: Target[Rec], idem: ops.Idempotency | None, result_id: str,
+               write: Callable[[], object]) -> object:
     """``write`` stored with its key, or the key's replay (``ops.replay``)."""
     if idem is None:
         return write()
@@ -187,7 +182,7 @@ def idempotent(t: Target[Rec, Res], idem: ops.Idempotency | None, result_id: str
     return result
 
 
-def _stored(t: Target[Rec, Res], op: ops.Recheckable) -> Res | None:
+def _stored(t: Target[Rec], op: ops.Recheckable) -> object | None:
     """A rechecked op's result when its first attempt is stored (``ops.rechecked``): one of its
     records is in the journal, or (a FinishTurn) its turn row is gone; else None."""
     records = t.stored_records(ops.journal_ids(op))
@@ -200,7 +195,7 @@ def _stored(t: Target[Rec, Res], op: ops.Recheckable) -> Res | None:
 # --- the ops -------------------------------------------------------------------------------------
 
 
-def _create(t: Target[Rec, Res], op: ops.CreateConversation) -> Res:
+def _create(t: Target[Rec], op: ops.CreateConversation) -> object:
     cid = op.conversation_id
     if t.exists(cid):
         raise StorageError(f"conversation {cid!r} already exists")
@@ -211,18 +206,18 @@ def _create(t: Target[Rec, Res], op: ops.CreateConversation) -> Res:
     return t.conversation(cid)
 
 
-def create(t: Target[Rec, Res], op: ops.CreateConversation) -> Res:
+def create(t: Target[Rec], op: ops.CreateConversation) -> object:
     return idempotent(t, op.idempotency, op.conversation_id, lambda: _create(t, op))
 
 
-def delete_conversation(t: Target[Rec, Res], op: ops.DeleteConversation) -> Res:
+def delete_conversation(t: Target[Rec], op: ops.DeleteConversation) -> object:
     if not t.exists(op.conversation_id):
         return t.value(False)
     delete(t, op.conversation_id, "deleted")
     return t.value(True)
 
 
-def rename(t: Target[Rec, Res], op: ops.RenameConversation) -> Res:
+def rename(t: Target[Rec], op: ops.RenameConversation) -> object:
     cid = op.conversation_id
     t.require(cid)
     seq = t.alloc()
@@ -231,25 +226,22 @@ def rename(t: Target[Rec, Res], op: ops.RenameConversation) -> Res:
     return t.conversation(cid)
 
 
-def _append_user(t: Target[Rec, Res], op: ops.AppendUserMessage) -> Res:
+def append_user(t: Target[Rec], op: ops.AppendUserMessage) -> object:
+    """The user message, its turn and, if it starts with it (``ops.AppendUserMessage.start``),
+    its working-memory item; under an Idempotency-Key, that stored with the key, or the key's
+    replay. (One function for the common case: a call a message fewer.)"""
+    if op.idempotency is not None:
+        plain = msgspec.structs.replace(op, idempotency=None)
+        return idempotent(t, op.idempotency, op.message_id, lambda: append_user(t, plain))
     cid, mid, start = op.conversation_id, op.message_id, op.start
     record = t.journal(cid, mid, op.message, UserMessageEvent)
     t.open_turn(cid, mid, start is not None, record)
     if start is not None:
         t.remember(cid, start, mid)
-    return t.record(record)
+    return record
 
 
-def append_user(t: Target[Rec, Res], op: ops.AppendUserMessage) -> Res:
-    """The user message, its turn and, if it starts with it (``ops.AppendUserMessage.start``),
-    its working-memory item; under an Idempotency-Key, that stored with the key, or the key's
-    replay."""
-    if op.idempotency is None:
-        return _append_user(t, op)
-    return idempotent(t, op.idempotency, op.message_id, lambda: _append_user(t, op))
-
-
-def start_turn(t: Target[Rec, Res], op: ops.StartTurn) -> Res:
+def start_turn(t: Target[Rec], op: ops.StartTurn) -> object:
     cid = op.conversation_id
     t.require(cid)
     if op.recheck and t.started(cid, op.turn_id):  # stored: its user item is in working memory
@@ -259,7 +251,7 @@ def start_turn(t: Target[Rec, Res], op: ops.StartTurn) -> Res:
     return t.value(None)
 
 
-def tool_calls(t: Target[Rec, Res], op: ops.AppendToolCalls) -> Res:
+def tool_calls(t: Target[Rec], op: ops.AppendToolCalls) -> object:
     cid = op.conversation_id
     if op.recheck:
         t.require(cid)
@@ -270,10 +262,10 @@ def tool_calls(t: Target[Rec, Res], op: ops.AppendToolCalls) -> Res:
     made = [t.journal(cid, message_id, call, ToolCallEvent)
             for message_id, call in op.calls]
     t.remember(cid, op.item, None)
-    return t.records(made)
+    return made
 
 
-def tool_result(t: Target[Rec, Res], op: ops.AppendToolResult) -> Res:
+def tool_result(t: Target[Rec], op: ops.AppendToolResult) -> object:
     cid = op.conversation_id
     if op.recheck:
         t.require(cid)
@@ -282,10 +274,10 @@ def tool_result(t: Target[Rec, Res], op: ops.AppendToolResult) -> Res:
     record = t.journal(cid, op.message_id, op.result,
                        ToolFailed if op.result.is_error else ToolResultEvent)
     t.remember(cid, op.item, op.message_id)
-    return t.record(record)
+    return record
 
 
-def finish_turn(t: Target[Rec, Res], op: ops.FinishTurn) -> Res:
+def finish_turn(t: Target[Rec], op: ops.FinishTurn) -> object:
     """The turn's terminal records (answer, Interrupted, Error), its working memory past
     ``forget_from`` removed, its turn row closed, then Touched."""
     cid = op.conversation_id
@@ -310,10 +302,10 @@ def finish_turn(t: Target[Rec, Res], op: ops.FinishTurn) -> Res:
     if op.turn_id is not None:
         t.close_turn(cid, op.turn_id)
     touch(t, cid)
-    return t.records(made)
+    return made
 
 
-def compact(t: Target[Rec, Res], op: ops.Compact) -> Res:
+def compact(t: Target[Rec], op: ops.Compact) -> object:
     cid = op.conversation_id
     t.require(cid)
     if op.recheck and t.compacted(op):
@@ -326,7 +318,7 @@ def compact(t: Target[Rec, Res], op: ops.Compact) -> Res:
     return t.value(None)
 
 
-def recover_turns(t: Target[Rec, Res], op: ops.RecoverTurns) -> Res:
+def recover_turns(t: Target[Rec], op: ops.RecoverTurns) -> object:
     turns = t.open_turns(op.conversation_id)
     for cid, turn_id in turns:
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
@@ -336,7 +328,7 @@ def recover_turns(t: Target[Rec, Res], op: ops.RecoverTurns) -> Res:
     return t.value(len(turns))
 
 
-def purge_temporary(t: Target[Rec, Res], op: ops.PurgeTemporary) -> Res:
+def purge_temporary(t: Target[Rec], op: ops.PurgeTemporary) -> object:
     ids = t.temporary()
     for cid in ids:
         if t.exists(cid):
@@ -344,7 +336,7 @@ def purge_temporary(t: Target[Rec, Res], op: ops.PurgeTemporary) -> Res:
     return t.value(len(ids))
 
 
-def put_a2a_task(t: Target[Rec, Res], op: ops.PutA2ATask) -> Res:
+def put_a2a_task(t: Target[Rec], op: ops.PutA2ATask) -> object:
     if op.conversation_id is not None:  # its tasks went with it: none outlives it
         t.require(op.conversation_id)
     stored = t.task_seq(op.task_id)
@@ -376,7 +368,6 @@ APPLY: dict[type[Any], Callable[[Any, Any], Any]] = {
 }
 
 
-def apply_op(t: Target[Rec, Res], op: ops.AnyOp) -> Res:
+def apply_op(t: Target[Rec], op: ops.AnyOp) -> object:
     """``op`` applied to ``t``: its result. Raises AgentikError when it is refused."""
-    result: Res = APPLY[type(op)](t, op)
-    return result
+    return APPLY[type(op)](t, op)

@@ -67,9 +67,9 @@ class Conv(msgspec.Struct, frozen=True, gc=False):
 
 
 #: an op's result as planned: ``fn(base)`` (known once the batch's base offset is), or the
-#: batch-relative offset of a journal record (int: the record, stamped; a tuple of them: a list
+#: batch-relative offset of a journal record (int: the record, stamped; a list of them: a list
 #: of records), made with the batch's events (``PgWriter.result``)
-Result = Callable[[int], Any] | int | tuple[int, ...]
+Result = Callable[[int], Any] | int | list[int]
 
 #: where a CommonEvent's bytes carry its cursor's offset: right after this (the cursor is its
 #: first field, the epoch a string: its escaped text never holds this sequence)

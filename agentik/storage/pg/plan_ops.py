@@ -3,7 +3,8 @@ primitive planned into a batch's :class:`~agentik.storage.pg.plan.Plan` (rows at
 offsets, committed by one statement). No savepoint can roll an op back, so every op checks first
 (``apply`` is written so: a refusal, AgentikError, takes nothing and leaves no hole). A journal
 record is its batch-relative offset (``Rec`` int) and a result what makes it from the batch's
-base offset (``pg.plan.Result``). :func:`read_found` is the one read a batch's rechecks need.
+base offset (``pg.plan.Result``; a list of records is a list of such offsets).
+:func:`read_found` is the one read a batch's rechecks need.
 """
 
 from __future__ import annotations
@@ -171,12 +172,6 @@ class PgTarget:
     def value(self, value: object) -> Result:
         return const(value)
 
-    def record(self, record: int) -> Result:
-        return record
-
-    def records(self, records: list[int]) -> Result:
-        return tuple(records)
-
     def conversation(self, conversation_id: str) -> Result:
         conv = self.p.require(conversation_id)
         return lambda base: conv.record(base)
@@ -188,7 +183,7 @@ class PgTarget:
 def plan_op(p: Plan, op: ops.AnyOp) -> Result:
     """``op`` planned into ``p`` (``apply.APPLY``): its result. Raises AgentikError, having
     planned nothing, when it is refused."""
-    target: apply.Target[int, Result] = PgTarget(p)  # (mypy: it is one)
+    target: apply.Target[int] = PgTarget(p)  # (mypy: it is one)
     result: Result = apply.APPLY[type(op)](target, op)
     return result
 

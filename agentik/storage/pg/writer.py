@@ -244,7 +244,7 @@ class PgWriter:
             kind = type(r)
             if kind is int:
                 results.append(events[r - 1]._event.event.record)
-            elif kind is tuple:
+            elif kind is list:
                 results.append([events[i - 1]._event.event.record for i in r])
             elif isinstance(r, AgentikError):
                 results.append(r)

@@ -9,26 +9,30 @@ UPDATE that bumps its seq).
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+
+import msgspec
 
 from agentik.storage import apply, ops
 from agentik.storage.sqlite.rows import (
+    KIND_INDEX,
+    KIND_NAMES,
     QUEUED,
     RUNNING,
+    TYPE_INDEX,
     Tx,
-    append_memory,
     bump,
     conversation_exists,
     emit,
-    journal,
     not_found,
     read_record,
     write_rows,
 )
-from agentik.storage.types import MESSAGE_COLUMNS, message_of
+from agentik.storage.types import MESSAGE_COLUMNS, StoredEvent, message_of
 from agentik.wire import (
     AgentEvent,
+    CommonEvent,
     ConversationRecord,
+    Cursor,
     DurableEvent,
     Message,
     MessageRecord,
@@ -37,15 +41,29 @@ from agentik.wire import (
     encode,
 )
 
+#: where a journal event's bytes carry the record's message: right after this (the first such
+#: key: the ones before it are the cursor's, the conversation's, the event's type and the
+#: record's id, seq, conversation and time; an escaped string never holds this sequence), up to
+#: the record's, the event's and the CommonEvent's closing braces (each has it last)
+_MESSAGE = b'"message":'
+#: a payload as JSON (``wire.encode``'s) into a bytearray: what a payload column is bound as.
+#: Python's sqlite3 binds a bytearray as it is but sends ``bytes`` (and None) through its adapter
+#: look-up first, which fails by way of an AttributeError raised and formatted inside (~3k
+#: instructions a parameter)
+_encode_into = msgspec.json.Encoder().encode_into
+
 
 class SqliteTarget:
-    """``apply.Target`` on one SQLite batch transaction: a journal record and a result are the
-    values themselves (``Rec`` MessageRecord, ``Res`` the result)."""
+    """``apply.Target`` on the writer's connection, in the batch transaction ``tx`` (set for
+    each batch: one target a writer, no object a batch): a journal record and a result are the
+    values themselves."""
 
     __slots__ = ("conn", "now", "tx")
 
-    def __init__(self, conn: sqlite3.Connection, tx: Tx) -> None:
-        self.conn, self.tx, self.now = conn, tx, tx.now
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.tx = Tx(epoch="", next_seq=0, now=0.0)
+        self.now = 0.0
 
     # --- checks and reads -----------------------------------------------------------------------
 
@@ -116,7 +134,30 @@ class SqliteTarget:
 
     def journal(self, conversation_id: str, message_id: str, message: Message,
                 event: type[apply.RecordEvent]) -> MessageRecord:
-        return journal(self.conn, self.tx, conversation_id, message_id, message, event)
+        """The message's record at the next seq, its row pending in ``tx.messages``, and its
+        event (``event``) emitted: the event is encoded once and the row's payload is the
+        message's part of it (encoding the message again would give the same bytes). (The
+        seq's allocation, ``bump``'s note of a conversation already found and ``emit`` inline:
+        this runs for every message.)"""
+        tx = self.tx
+        seq = tx.next_seq
+        tx.next_seq = seq + 1
+        if conversation_id in tx.seqs:
+            tx.seqs[conversation_id] = seq
+        else:
+            bump(self.conn, tx, conversation_id, seq)
+        record = MessageRecord(id=message_id, seq=seq, conversation_id=conversation_id,
+                               created_at=tx.now, message=message)
+        common = CommonEvent(cursor=Cursor(epoch=tx.epoch, offset=seq),
+                             conversation_id=conversation_id, event=event(record=record))
+        raw = encode(common)
+        stored = bytearray(raw)  # the outbox row's payload, and the journal row's cut from it
+        tx.messages += (seq, message_id, conversation_id, TYPE_INDEX[type(message)],
+                        stored[raw.index(_MESSAGE) + 10:-3])
+        index = KIND_INDEX[event]
+        tx.events.append(StoredEvent(seq, conversation_id, KIND_NAMES[index], common, raw))
+        tx.outbox += (seq, conversation_id, index, stored)
+        return record
 
     def new_conversation(self, op: ops.CreateConversation, seq: int) -> ConversationRecord:
         now = self.now
@@ -140,7 +181,13 @@ class SqliteTarget:
         bump(self.conn, self.tx, conversation_id, seq, self.now if touch else None)
 
     def remember(self, conversation_id: str, item: WorkingItem, source: str | None) -> None:
-        append_memory(self.conn, self.tx, conversation_id, item, source)
+        payload = bytearray()  # bound as a bytearray: see ``_encode_into``
+        _encode_into(item, payload)
+        self.conn.execute(
+            "INSERT INTO working_memory "
+            "(conversation_id, order_idx, source_message_id, created_at, payload) VALUES (?, "
+            "(SELECT COALESCE(MAX(order_idx), 0) + 1 FROM working_memory WHERE conversation_id=?),"
+            " ?, ?, ?)", (conversation_id, conversation_id, source, self.now, payload))
 
     def forget(self, conversation_id: str, from_idx: int) -> None:
         self.conn.execute("DELETE FROM working_memory WHERE conversation_id=? AND order_idx >= ?",
@@ -204,12 +251,6 @@ class SqliteTarget:
     def value(self, value: object) -> object:
         return value
 
-    def record(self, record: MessageRecord) -> object:
-        return record
-
-    def records(self, records: list[MessageRecord]) -> object:
-        return records
-
     def conversation(self, conversation_id: str) -> object:
         return read_record(self.conn, conversation_id)
 
@@ -217,25 +258,26 @@ class SqliteTarget:
         return seq
 
 
-def apply_op(conn: sqlite3.Connection, tx: Tx, op: ops.AnyOp) -> Any:
-    """Apply one op inside the open transaction; returns its result. Raises AgentikError for a
-    refused op (rolled back alone) and sqlite3.Error for a storage failure (fails the batch).
-    :func:`apply_all` for one op (the rule on pending rows lives there)."""
-    return apply_all(conn, tx, [op])[0]
+def apply_op(target: SqliteTarget, op: ops.AnyOp) -> object:
+    """Apply one op inside the open transaction (``target.tx``); returns its result. Raises
+    AgentikError for a refused op (rolled back alone) and sqlite3.Error for a storage failure
+    (fails the batch). :func:`apply_all` for one op (the rule on pending rows lives there)."""
+    return apply_all(target, [op])[0]
 
 
-def apply_all(conn: sqlite3.Connection, tx: Tx, batch: list[ops.AnyOp]) -> list[Any]:
+def apply_all(target: SqliteTarget, batch: list[ops.AnyOp]) -> list[object]:
     """Every op of ``batch`` in order (``apply.APPLY``), their results. The journal and turn
     rows the ops before left pending are written first (``write_rows``) unless the op is an
     AppendUserMessage, the one op that reads neither table. Raises what an op raises, at the
     first op that raises it."""
-    target: apply.Target[MessageRecord, object] = SqliteTarget(conn, tx)  # (mypy: it is one)
-    results: list[Any] = []
+    t: apply.Target[MessageRecord] = target  # (mypy: it is one)
+    conn, tx = target.conn, target.tx
+    results: list[object] = []
     append = results.append
     table, user = apply.APPLY, ops.AppendUserMessage
     for op in batch:
         kind = type(op)
         if kind is not user and (tx.messages or tx.turns):
             write_rows(conn, tx)
-        append(table[kind](target, op))
+        append(table[kind](t, op))
     return results

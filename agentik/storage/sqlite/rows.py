@@ -19,8 +19,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from agentik.errors import NotFoundError
 from agentik.storage.types import CONVERSATION_COLUMNS, KINDS, StoredEvent, conversation_of
 from agentik.wire import (
@@ -30,8 +28,6 @@ from agentik.wire import (
     Cursor,
     DurableEvent,
     Message,
-    MessageRecord,
-    WorkingItem,
     encode,
 )
 
@@ -59,11 +55,11 @@ class Tx:
 
 #: an outbox row's kind (``types.kind_of``), bound as its index here (``RowsInsert``: a small int
 #: binds for a tenth of a string, which sqlite3 copies), by the event's class
-_KINDS = ("agent", "conversation", "a2a")
-_KIND_INDEX = {cls: _KINDS.index(kind) for cls, kind in KINDS.items()}
+KIND_NAMES = ("agent", "conversation", "a2a")
+KIND_INDEX = {cls: KIND_NAMES.index(kind) for cls, kind in KINDS.items()}
 #: a journal row's type (the message's tag), bound as its index likewise
 _MESSAGE_TYPES = typing.get_args(Message)
-_TYPE = {cls: i for i, cls in enumerate(_MESSAGE_TYPES)}
+TYPE_INDEX = {cls: i for i, cls in enumerate(_MESSAGE_TYPES)}
 #: a turn's state: queued (its message waits behind a running turn) or running
 QUEUED, RUNNING = 0, 1
 
@@ -81,8 +77,8 @@ def emit(tx: Tx, seq: int, conversation_id: str | None, event: DurableEvent | Ag
         cursor=Cursor(epoch=tx.epoch, offset=seq), conversation_id=conversation_id, event=event
     )
     raw = encode(common)
-    index = _KIND_INDEX[type(event)]
-    tx.events.append(StoredEvent(seq, conversation_id, _KINDS[index], common, raw))
+    index = KIND_INDEX[type(event)]
+    tx.events.append(StoredEvent(seq, conversation_id, KIND_NAMES[index], common, raw))
     tx.outbox += (seq, conversation_id, index, bytearray(raw))
 
 
@@ -132,7 +128,7 @@ class RowsInsert:
 
 _insert_outbox = RowsInsert(
     'INSERT OR ROLLBACK INTO outbox ("offset", conversation_id, kind, created_at, payload)',
-    f"({{}}, {{}}, {_case(_KINDS)}, ?1, {{}})")
+    f"({{}}, {{}}, {_case(KIND_NAMES)}, ?1, {{}})")
 _insert_message = RowsInsert(
     "INSERT OR ROLLBACK INTO message (seq, id, conversation_id, type, created_at, payload)",
     "({}, {}, {}, " + _case(c.__struct_config__.tag for c in _MESSAGE_TYPES) + ", ?1, {})")
@@ -148,19 +144,6 @@ def write_outbox(conn: sqlite3.Connection, tx: Tx) -> None:
     # its last event's offset (events are emitted in offset order)
     conn.execute('INSERT INTO outbox_mark ("offset", created_at) VALUES (?, ?)',
                  (tx.events[-1].offset, tx.now))
-
-
-_encode_into = msgspec.json.Encoder().encode_into
-
-
-def blob(value: Any) -> bytearray:
-    """``value`` as JSON (``wire.encode``'s) in a bytearray: what a payload column is bound as.
-    Python's sqlite3 binds a bytearray as it is but sends ``bytes`` (and None) through its
-    adapter look-up first, which fails by way of an AttributeError raised and formatted inside
-    (~3k instructions a parameter)."""
-    buf = bytearray()
-    _encode_into(value, buf)
-    return buf
 
 
 def not_found(conversation_id: str) -> NotFoundError:
@@ -200,44 +183,6 @@ def write_seqs(conn: sqlite3.Connection, tx: Tx) -> None:
         conn.executemany("UPDATE conversation SET seq=? WHERE id=?", pending)
 
 
-#: where a journal event's bytes carry the record's message: right after this (the first such
-#: key: the ones before it are the cursor's, the conversation's, the event's type and the
-#: record's id, seq, conversation and time; an escaped string never holds this sequence), up to
-#: the record's, the event's and the CommonEvent's closing braces (each has it last)
-_MESSAGE = b'"message":'
-
-
-def journal(
-    conn: sqlite3.Connection, tx: Tx, conversation_id: str, message_id: str, message: Message,
-    event: type[Any],
-) -> MessageRecord:
-    """The message's record at the next seq, its row pending in ``tx.messages``, and its event
-    (``event``, one of the events carrying a record) emitted: the event is encoded once and the
-    row's payload is the message's part of it (encoding the message again would give the same
-    bytes). (The seq's allocation, ``bump``'s note of a conversation already found,
-    ``event_type`` and ``emit`` inline: this runs for every message.)"""
-    seq = tx.next_seq
-    tx.next_seq = seq + 1
-    if conversation_id in tx.seqs:
-        tx.seqs[conversation_id] = seq
-    else:
-        bump(conn, tx, conversation_id, seq)
-    now = tx.now
-    record = MessageRecord(
-        id=message_id, seq=seq, conversation_id=conversation_id, created_at=now, message=message
-    )
-    common = CommonEvent(cursor=Cursor(epoch=tx.epoch, offset=seq),
-                         conversation_id=conversation_id, event=event(record=record))
-    raw = encode(common)
-    stored = bytearray(raw)  # the outbox row's payload, and the journal row's cut from it
-    tx.messages += (seq, message_id, conversation_id, _TYPE[type(message)],
-                    stored[raw.index(_MESSAGE) + 10:-3])
-    index = _KIND_INDEX[event]
-    tx.events.append(StoredEvent(seq, conversation_id, _KINDS[index], common, raw))
-    tx.outbox += (seq, conversation_id, index, stored)
-    return record
-
-
 def write_rows(conn: sqlite3.Connection, tx: Tx) -> None:
     """Write the pending journal and turn rows, a few statements a table (``RowsInsert``: a row
     through ``execute`` costs a cursor, a statement-cache look-up and a reset more). ``apply_op``
@@ -250,22 +195,6 @@ def write_rows(conn: sqlite3.Connection, tx: Tx) -> None:
     if tx.turns:
         _insert_turn(conn, tx.turns)
         tx.turns.clear()
-
-
-def append_memory(
-    conn: sqlite3.Connection,
-    tx: Tx,
-    conversation_id: str,
-    item: WorkingItem,
-    source_message_id: str | None,
-) -> None:
-    conn.execute(
-        "INSERT INTO working_memory "
-        "(conversation_id, order_idx, source_message_id, created_at, payload) VALUES "
-        "(?, (SELECT COALESCE(MAX(order_idx), 0) + 1 FROM working_memory WHERE conversation_id=?), "
-        "?, ?, ?)",
-        (conversation_id, conversation_id, source_message_id, tx.now, blob(item)),
-    )
 
 
 def read_record(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecord:

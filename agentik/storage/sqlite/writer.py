@@ -21,7 +21,7 @@ from typing import Any
 from agentik.errors import AgentikError, StorageError
 from agentik.storage import ops
 from agentik.storage.sqlite.dblock import lock_database
-from agentik.storage.sqlite.ops import Tx, apply_all, apply_op
+from agentik.storage.sqlite.ops import SqliteTarget, Tx, apply_all, apply_op
 from agentik.storage.sqlite.rows import write_outbox, write_rows, write_seqs
 from agentik.storage.sqlite.schema import migrate
 from agentik.storage.types import BatchResult
@@ -69,6 +69,8 @@ class Writer:
         self._lock = lock_database(path)
         try:
             self.conn = open_connection(path, synchronous=synchronous, busy_timeout=busy_timeout)
+            #: the ops' primitives on this connection (``sqlite.ops``), given each batch's Tx
+            self._target = SqliteTarget(self.conn)
             migrate(self.conn)
             self.epoch = self._meta("epoch")
             self.next_seq = int(self._meta("next_seq"))
@@ -143,23 +145,27 @@ class Writer:
         """Apply every op of ``batch`` with no SAVEPOINT, or return None at the first refused one
         (whose rows may then be in the transaction). A SAVEPOINT per op is what made the batch
         slow: each copies every page its op touches to the statement journal first."""
-        tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
+        target = self._target  # the batch's state, the one target's from now on
+        tx = target.tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
+        target.now = now
         try:
-            return tx, apply_all(self.conn, tx, batch)
+            return tx, apply_all(target, batch)
         except AgentikError:
             return None
 
     def _apply_each_in_savepoint(self, batch: list[ops.AnyOp], now: float) -> tuple[Tx, list[Any]]:
         """Apply ``batch`` with each op in its own SAVEPOINT: a refused op (AgentikError) is
         rolled back alone and its seqs are handed back, so the counter stays gap-free."""
-        tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
+        target = self._target
+        tx = target.tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
+        target.now = now
         results: list[Any] = []
         conn = self.conn
         for op in batch:
             mark = (tx.next_seq, len(tx.events), len(tx.outbox), dict(tx.seqs))
             conn.execute("SAVEPOINT op")
             try:
-                results.append(apply_op(conn, tx, op))
+                results.append(apply_op(target, op))
                 write_rows(conn, tx)  # in its SAVEPOINT
                 conn.execute("RELEASE op")
             except AgentikError as exc:
