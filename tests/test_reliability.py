@@ -387,6 +387,7 @@ def _writers() -> list[Writer]:
     return [o for o in gc.get_objects() if isinstance(o, Writer)]
 
 
+@pytest.mark.sqlite_only  # a read-only database file
 async def test_read_only_database_fails_clearly_and_recovers(
     tmp_path: Path, openai: ScriptedOpenAI, allow_error_logs: None
 ) -> None:

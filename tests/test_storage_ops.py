@@ -14,7 +14,12 @@ import msgspec
 import pytest
 import trio
 
-from agentik.errors import ConflictError, IdempotencyKeyReusedError, NotFoundError
+from agentik.errors import (
+    ConflictError,
+    IdempotencyKeyReusedError,
+    InvalidInputError,
+    NotFoundError,
+)
 from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
 from agentik.storage.types import StoredEvent
@@ -438,6 +443,33 @@ async def _put_task(st: Storage) -> None:
     with pytest.raises(NotFoundError):
         await st.write(msgspec.structs.replace(op, task_id="t2", conversation_id="nope"))
     assert await st.write(msgspec.structs.replace(op, task_id="t3", conversation_id=None)) > second
+
+
+async def test_text_with_a_nul_is_refused_alone(target: StorageTarget) -> None:
+    """Text a client gave (an id in a URL, a title) with a NUL character, which PostgreSQL's text
+    cannot hold, is refused on both engines before the engine sees it: the request gets
+    InvalidInputError, the writes batched with it are stored, a read with it finds nothing."""
+    with trio.fail_after(30):
+        async with open_storage(target) as st:
+            await create(st)
+            bad = ops.RenameConversation(conversation_id="c", title="a\x00b")
+            results: list[object] = []
+
+            async def write(op: ops.AnyOp) -> None:
+                try:
+                    results.append(await st.write(op))
+                except InvalidInputError as exc:
+                    results.append(exc)
+
+            async with trio.open_nursery() as nursery:  # one batch, as far as the actor goes
+                nursery.start_soon(write, bad)
+                nursery.start_soon(write, ops.RenameConversation(conversation_id="c", title="ok"))
+                nursery.start_soon(write, ops.DeleteConversation(conversation_id="x\x00"))
+            assert sum(isinstance(r, InvalidInputError) for r in results) == 2
+            stored = await st.reader.get_conversation("c")
+            assert stored is not None and stored.title == "ok"
+            with pytest.raises(InvalidInputError):
+                await st.reader.get_conversation("c\x00")
 
 
 # --- the runs (after every case is registered) -----------------------------------------------

@@ -107,6 +107,7 @@ class Storage:
         if self._closed or self._committer is None:
             await trio.lowlevel.checkpoint_if_cancelled()
             raise RuntimeClosedError("storage is closed")
+        ops.check_text(op)  # type: ignore[arg-type]  # an Op is an AnyOp (a closed union)
         self._room -= 1
         # Request.wait inline (one coroutine a write fewer): nothing can answer the request
         # before this task parks, as no schedule point comes between. A caller cancelled

@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from agentik.errors import IdempotencyKeyReusedError
+from agentik.errors import IdempotencyKeyReusedError, InvalidInputError
 from agentik.wire import (
     AssistantMessage,
     ConversationRecord,
@@ -255,3 +255,35 @@ def rechecked(op: OpT) -> OpT:
     if type(op) in RECHECKABLE and not op.recheck:  # type: ignore[attr-defined]
         return msgspec.structs.replace(op, recheck=True)
     return op
+
+
+#: the text fields of each op that come from a client (an id in a URL, a title, an A2A task's
+#: ids): the store keeps them as text, which PostgreSQL's cannot hold with a NUL character
+_CLIENT_TEXT: dict[type, tuple[str, ...]] = {
+    cls: ("conversation_id",) for cls in (
+        DeleteConversation, AppendUserMessage, StartTurn, AppendToolCalls, AppendToolResult,
+        FinishTurn, Compact)
+}
+_CLIENT_TEXT.update({CreateConversation: ("title",),
+                     RenameConversation: ("conversation_id", "title"),
+                     RecoverTurns: ("conversation_id",),
+                     PutA2ATask: ("task_id", "context_id", "conversation_id", "state")})
+
+
+def check_text(op: AnyOp) -> None:
+    """The one rule on text both engines keep or look up: no NUL character (PostgreSQL cannot
+    store one; SQLite is held to the same, so the engines answer alike). Checked for every write
+    (``Storage.write``) and read (``reads.Reads``) before the engine sees it, so one bad request
+    fails alone, never the batch it would share. Raises InvalidInputError."""
+    for name in _CLIENT_TEXT.get(type(op), ()):
+        value = getattr(op, name)
+        if value is not None and "\x00" in value:
+            raise InvalidInputError(f"{name} must not contain a NUL character")
+
+
+def check_looked_up(*values: object) -> None:
+    """:func:`check_text`'s rule for what a read looks up (an id, a filter). Raises
+    InvalidInputError."""
+    for value in values:
+        if isinstance(value, str) and "\x00" in value:
+            raise InvalidInputError("an id or filter must not contain a NUL character")

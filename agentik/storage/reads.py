@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
+from agentik.storage.ops import check_looked_up
 from agentik.storage.types import A2ATaskRow, StoredEvent
 from agentik.wire import ConversationRecord, MessageRecord, WorkingItem
 
@@ -76,6 +77,7 @@ class Reads(ABC, Generic[C]):
         StorageError."""
 
     async def get_conversation(self, conversation_id: str) -> ConversationRecord | None:
+        check_looked_up(conversation_id)
         return await self._read(self.queries.get_conversation, conversation_id)
 
     async def list_conversations(self, offset: int, limit: int) -> list[ConversationRecord]:
@@ -83,46 +85,57 @@ class Reads(ABC, Generic[C]):
 
     async def get_messages(self, conversation_id: str, after_seq: int, offset: int, limit: int
                            ) -> list[MessageRecord]:
+        check_looked_up(conversation_id)
         return await self._read(self.queries.get_messages, conversation_id, after_seq, offset,
                                 limit)
 
     async def journal(self, conversation_id: str | None, after_seq: int, up_to_seq: int | None,
                       limit: int) -> list[MessageRecord]:
+        check_looked_up(conversation_id)
         return await self._read(self.queries.journal, conversation_id, after_seq, up_to_seq,
                                 limit)
 
     async def journal_count(self, conversation_id: str | None, after_seq: int) -> int:
+        check_looked_up(conversation_id)
         return await self._read(self.queries.journal_count, conversation_id, after_seq)
 
     async def working_memory(self, conversation_id: str) -> list[tuple[int, WorkingItem]]:
+        check_looked_up(conversation_id)
         return await self._read(self.queries.working_memory, conversation_id)
 
     async def outbox_page(self, after: int, conversation_id: str | None, kind: str | None,
                           limit: int) -> Page:
         """One consistent read: (oldest retained offset, head, events after ``after`` matching
         the filter, at most ``limit``)."""
+        check_looked_up(conversation_id, kind)
         return await self._read(self.queries.outbox_page, after, conversation_id, kind, limit)
 
     async def has_conversation_events(self, conversation_id: str, after: int) -> bool:
+        check_looked_up(conversation_id)
         return await self._read(self.queries.has_conversation_events, conversation_id, after)
 
     async def idempotency_key(self, key: str, now: float) -> tuple[str, str] | None:
         """(fingerprint, result_id) stored under an Idempotency-Key that has not expired."""
+        check_looked_up(key)
         return await self._read(self.queries.idempotency_key, key, now)
 
     async def get_a2a_task(self, task_id: str) -> A2ATaskRow | None:
+        check_looked_up(task_id)
         return await self._read(self.queries.get_a2a_task, task_id)
 
     async def latest_a2a_task_of_context(self, context_id: str) -> A2ATaskRow | None:
+        check_looked_up(context_id)
         return await self._read(self.queries.latest_a2a_task_of_context, context_id)
 
     async def list_a2a_tasks(self, context_id: str | None, state: str | None,
                              before_first_seq: int | None, limit: int
                              ) -> tuple[list[A2ATaskRow], int]:
+        check_looked_up(context_id, state)
         return await self._read(self.queries.list_a2a_tasks, context_id, state,
                                 before_first_seq, limit)
 
     async def a2a_tasks_in_states(self, states: tuple[str, ...]) -> list[A2ATaskRow]:
+        check_looked_up(*states)
         return await self._read(self.queries.a2a_tasks_in_states, states)
 
     @abstractmethod

@@ -110,7 +110,9 @@ class Leases:
     async def _db(self, sql: str, *, line: str = "claims", **args: Any) -> list[tuple[Any, ...]]:
         """Run ``sql`` on the connection of ``line`` ("heartbeat" has its own, so a slow claim
         never delays a heartbeat); StorageError when it fails or takes over QUERY_LIMIT seconds
-        (the connection is then dropped: the abandoned thread may still hold it)."""
+        (the connection is then dropped: the abandoned thread may still hold it);
+        InvalidInputError for an id with a NUL character (``ops.check_looked_up``)."""
+        ops.check_looked_up(*args.values())
         args.setdefault("me", self.node_id)
         args.setdefault("ttl", self.ttl)
         lock, box = self._lines[line]
