@@ -205,6 +205,17 @@ class LocalAgent:
         except NotOwnerError as exc:
             return await self._peers.forward(exc, lambda o: o.interrupt(conversation_id))
 
+    async def cancel_turn(self, conversation_id: str, turn_id: str) -> bool:
+        """Cancel one turn (``turn_id``: its user message's id): withdrawn while it waits
+        behind another turn (it then ends Interrupted, never run), interrupted while it runs.
+        False when it has ended, or when another node of a cluster runs the conversation
+        (there only the running turn can be interrupted, with :meth:`interrupt`)."""
+        self._check_open()
+        try:
+            return await self._registry.cancel_turn(conversation_id, turn_id)
+        except NotOwnerError:
+            return False
+
     async def _send(
         self,
         conversation_id: str,

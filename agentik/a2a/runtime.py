@@ -17,7 +17,9 @@
   the conversation and in the artifact).
 - ``check`` refuses an image part under the rules of every send (:mod:`agentik.content`).
 - ``cancel`` interrupts the conversation only while this task's own turn runs; a task whose
-  message still waits in the mailbox is cancelled by the facade (its turn will still run).
+  message still waits in the mailbox has its turn withdrawn (``LocalAgent.cancel_turn``: it
+  ends Interrupted when its time comes, never run) and the facade marks it CANCELED at once.
+  In a cluster, a message queued on another node is not withdrawn (only marked CANCELED).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ log = logging.getLogger("agentik.a2a")
 #: online text chunks the executor may hold while a chunk is being stored (more are dropped from
 #: the stream; the answer's last chunk then carries them)
 CHUNK_BUFFER = 1024
+#: how long a cancel waits for the task's message to be stored (its turn id comes with it)
+CANCEL_WAIT = 10.0
 
 
 def to_content(parts: Sequence[Part]) -> list[Content]:
@@ -147,10 +151,20 @@ class AgentikExecutor:
         return conversation.id
 
     async def cancel(self, request: RequestContext, updater: TaskUpdater) -> bool:
+        """A running turn is interrupted (the execution ends by itself, CANCELED with what was
+        said); a turn still waiting behind another is withdrawn (it will never run) and the
+        facade ends the execution at once. Returns whether the execution ends by itself."""
         turn = self._turns.get(request.task_id)
-        if turn is None or not turn.running or request.conversation_id is None:
+        cid = request.conversation_id
+        if turn is None or cid is None:
             return False
-        return await self.agent.interrupt(request.conversation_id)
+        if turn.running:
+            return await self.agent.interrupt(cid)
+        with trio.move_on_after(CANCEL_WAIT):
+            await turn.known.wait()  # the message is being stored: its turn id comes with it
+        if turn.turn_id is not None:
+            await self.agent.cancel_turn(cid, turn.turn_id)
+        return False
 
     async def execute(self, request: RequestContext, updater: TaskUpdater) -> None:
         cid = request.conversation_id
@@ -180,7 +194,8 @@ class AgentikExecutor:
                     raise e.invalid_params(str(exc)) from None
                 except NotFoundError:  # deleted since the lookup
                     raise e.conversation_gone(request.context_id) from None
-                turn.known.set()
+                finally:
+                    turn.known.set()  # also when the send failed: a cancel waits for it
                 try:
                     await self._watch_durable(cid, cursor, turn, updater, online)
                 finally:

@@ -44,6 +44,7 @@ from agentik.a2a.types import (
     StreamResponse,
     Task,
     TaskStatus,
+    check_id,
     check_part,
     encode,
     text_part,
@@ -92,6 +93,13 @@ def _answer_of(exc: Exception) -> A2AError | None:
     return first if isinstance(first, A2AError) else e.error(e.INTERNAL_ERROR, str(first))
 
 
+def _check_id(name: str, value: str) -> str:
+    why = check_id(name, value)
+    if why is not None:
+        raise e.invalid_params(why)
+    return value
+
+
 def _check_history_length(value: int | None) -> int | None:
     if value is not None and value < 0:
         raise e.invalid_params(f"historyLength must be >= 0, got {value}")
@@ -112,8 +120,15 @@ class A2AService:
     # --- SendMessage / SendStreamingMessage ------------------------------------------------------
 
     def _check_message(self, message: Message) -> None:
-        if not message.message_id:
-            raise e.invalid_params("message.messageId must not be empty")
+        if message.role != "ROLE_USER":
+            raise e.invalid_params(
+                f"message.role must be ROLE_USER (a message to the agent), got {message.role}")
+        _check_id("message.messageId", message.message_id)
+        # The same rule as a conversation's ids; empty means absent (ProtoJSON's default).
+        for name, value in (("message.contextId", message.context_id),
+                            ("message.taskId", message.task_id)):
+            if value:
+                _check_id(name, value)
         if not message.parts:
             raise e.invalid_params("message.parts must not be empty")
         for i, part in enumerate(message.parts):
@@ -274,6 +289,7 @@ class A2AService:
 
     async def subscribe(self, task_id: str) -> AsyncIterator[bytes]:
         """SubscribeToTask: the task now, then its changes until it reaches a terminal state."""
+        _check_id("id", task_id)
         stored = await self.store.get(task_id)
         if stored is None:
             raise e.task_not_found(task_id)
@@ -301,6 +317,7 @@ class A2AService:
     # --- GetTask / ListTasks / CancelTask --------------------------------------------------------
 
     async def get_task(self, task_id: str, history_length: int | None) -> Task:
+        _check_id("id", task_id)
         _check_history_length(history_length)
         stored = await self.store.get(task_id)
         if stored is None:
@@ -308,10 +325,12 @@ class A2AService:
         return trim_task(stored.task, history_length)
 
     async def list_tasks(self, params: ListTasksParams) -> ListTasksResponse:
-        size = params.page_size or DEFAULT_PAGE_SIZE
+        size = DEFAULT_PAGE_SIZE if params.page_size is None else params.page_size
         if not 1 <= size <= MAX_PAGE_SIZE:
             raise e.invalid_params(f"pageSize must be 1..{MAX_PAGE_SIZE}, got {params.page_size}")
         _check_history_length(params.history_length)
+        if params.context_id:
+            _check_id("contextId", params.context_id)
         before: int | None = None
         if params.page_token:
             if not params.page_token.isdigit():
@@ -328,6 +347,7 @@ class A2AService:
                                  total_size=total)
 
     async def cancel(self, task_id: str) -> Task:
+        _check_id("id", task_id)
         stored = await self.store.get(task_id)
         if stored is None:
             raise e.task_not_found(task_id)

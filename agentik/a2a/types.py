@@ -261,6 +261,35 @@ def camel_keys(value: Any) -> Any:
     return value
 
 
+#: the longest id a client chooses (``contextId``, ``taskId``, ``messageId``) and the longest
+#: JSON-RPC string ``id`` answered with; a JSON-RPC integer ``id`` is a signed 64-bit integer
+MAX_ID_CHARS = 256
+MAX_RPC_INT_ID = 2**63 - 1
+
+
+def check_id(name: str, value: str) -> str | None:
+    """Why ``value`` is not a valid client-chosen id (1..MAX_ID_CHARS printable characters, no
+    control characters), or None. The value itself is not repeated: it may be huge."""
+    if not value:
+        return f"{name} must not be empty"
+    if len(value) > MAX_ID_CHARS:
+        return f"{name} must be at most {MAX_ID_CHARS} characters (got {len(value)})"
+    if not value.isprintable():
+        return f"{name} must be printable characters (no control characters)"
+    return None
+
+
+def valid_rpc_id(value: Any) -> bool:
+    """A JSON-RPC ``id`` answered with as is: null, a string of at most MAX_ID_CHARS
+    characters, or an integer within 64 bits (never a bool or a float)."""
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return len(value) <= MAX_ID_CHARS
+    return isinstance(value, int) and not isinstance(value, bool) and (
+        -MAX_RPC_INT_ID - 1 <= value <= MAX_RPC_INT_ID)
+
+
 def check_part(part: Part) -> str | None:
     """Why ``part`` is invalid (not exactly one content member), or None."""
     present = [

@@ -30,6 +30,7 @@ from werkzeug.exceptions import HTTPException
 from agentik.a2a import errors as e
 from agentik.a2a.service import A2AService
 from agentik.a2a.types import (
+    MAX_ID_CHARS,
     AgentCapabilities,
     AgentCard,
     AgentInterface,
@@ -45,6 +46,7 @@ from agentik.a2a.types import (
     TaskIdParams,
     camel_keys,
     encode,
+    valid_rpc_id,
 )
 from agentik.errors import A2AError, AgentikError
 from agentik.llm.base import ToolSpec
@@ -193,9 +195,10 @@ async def rpc() -> Response:
             raise e.error(e.INVALID_REQUEST, "the request must be one JSON-RPC object "
                                              "(batches are not supported)")
         request_id = envelope.get("id")
-        if not isinstance(request_id, str | int | None) or isinstance(request_id, bool):
-            request_id = None
-            raise e.error(e.INVALID_REQUEST, "id must be a string, a number or null")
+        if not valid_rpc_id(request_id):
+            request_id = None  # never echoed: it may be a bool, a float, 1 MB or 400 digits
+            raise e.error(e.INVALID_REQUEST, f"id must be null, a string of at most {MAX_ID_CHARS} "
+                                             "characters or an integer of at most 64 bits")
         if envelope.get("jsonrpc") != "2.0":
             raise e.error(e.INVALID_REQUEST, 'jsonrpc must be "2.0"')
         method = envelope.get("method")

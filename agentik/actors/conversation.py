@@ -118,12 +118,16 @@ class ConversationActor(TurnEndings):
         h = self.h
         h.current = turn  # busy from here on (a send's on_busy sees it), even while it is stored
         await turn.stored.wait()
+        h.waiting.pop(turn.turn_id, None)  # from here cancel_turn interrupts it
         if not turn.store_ok:
             h.current = None
             if turn.started:
                 self.memory.invalidate()  # never stored; dropped all the same, to be safe
             return
         state = logic.TurnState(conversation_id=self.h.conversation_id, turn_id=turn.turn_id)
+        if turn.withdrawn:
+            await self._withdrawn(turn, state)
+            return
         h.interrupt_requested = False
         crashed = False
         failed: logic.Failed | None = None
@@ -169,6 +173,20 @@ class ConversationActor(TurnEndings):
             if not crashed:
                 # After a bug `current` stays set, so the supervisor closes it with an Error.
                 h.current = None
+
+    async def _withdrawn(self, turn: Turn, state: logic.TurnState) -> None:
+        """A turn cancelled while it waited (``ConversationHandle.cancel_turn``) ends
+        Interrupted without a model round: the journal keeps its message and an empty
+        interrupted answer; working memory gets nothing (but the user item stored with the
+        message of a turn handed straight to the actor)."""
+        start = logic.start(state, turn.content)
+        if turn.started:
+            self.memory.stored(start)
+        try:
+            await self._end(state, logic.Interrupted())
+        finally:
+            metrics.TURNS.labels("interrupted").inc()
+            self.h.current = None
 
     async def _close(self, state: logic.TurnState, answer: logic.Answer | None,
                      interrupted: bool, failed: logic.Failed | None) -> str:

@@ -61,6 +61,8 @@ class ConversationHandle:
     failed: bool = False
     failed_until: float = 0.0
     current: Turn | None = None
+    #: turns queued and not started yet, by id (``cancel_turn`` withdraws one)
+    waiting: dict[str, Turn] = field(default_factory=dict)
     turn_scope: trio.CancelScope | None = None
     interrupt_requested: bool = False
     actor_scope: trio.CancelScope | None = None
@@ -124,6 +126,7 @@ class ConversationHandle:
             ) from None
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise HandleClosed() from None
+        self.waiting[turn.turn_id] = turn  # until the actor takes it (run_turn)
         # Not idle from here on, even before the actor runs: the turn was handed to it directly
         # (the mailbox looks empty), and a second send must not start before this one; and it
         # is the conversation's current turn already, so a second send sees it busy (on_busy).
@@ -156,6 +159,18 @@ class ConversationHandle:
             return result.id
         finally:
             turn.settle(ok)
+
+    def cancel_turn(self, turn_id: str) -> bool:
+        """Cancel one turn: one still waiting in the mailbox is withdrawn (the actor ends it
+        Interrupted when it comes to it, without running it), the running one is interrupted.
+        False when it is neither (it has ended, or it is not this conversation's)."""
+        waiting = self.waiting.get(turn_id)
+        if waiting is not None:
+            waiting.withdrawn = True
+            return True
+        if self.current is not None and self.current.turn_id == turn_id:
+            return self.interrupt()
+        return False
 
     def interrupt(self) -> bool:
         """Cancel the running turn, if any. Returns whether a turn was running."""

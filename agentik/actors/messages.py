@@ -25,6 +25,8 @@ class Turn:
     started: bool = False
     stored: trio.Event = field(default_factory=trio.Event)
     store_ok: bool = False
+    #: cancelled while it waited in the mailbox: the actor ends it Interrupted, never runs it
+    withdrawn: bool = False
 
     def settle(self, ok: bool) -> None:
         self.store_ok = ok

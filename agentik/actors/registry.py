@@ -155,6 +155,18 @@ class Registry:
                 continue
         raise RuntimeClosedError(f"conversation {conversation_id!r} keeps closing")
 
+    async def cancel_turn(self, conversation_id: str, turn_id: str) -> bool:
+        """Withdraw the turn ``turn_id`` while it waits, or interrupt it while it runs
+        (``ConversationHandle.cancel_turn``); False when it does neither here (ended, unknown,
+        or its conversation is passivated: no turn waits then). Raises NotOwnerError when
+        another node owns the conversation."""
+        handle = self.live.get(conversation_id)
+        if handle is not None:
+            return handle.cancel_turn(turn_id)
+        if self.deps.storage.leases is not None:
+            await self.deps.storage.leases.check_remote(conversation_id)
+        return False
+
     async def interrupt(self, conversation_id: str) -> bool:
         """Cancel the conversation's running turn; False when none runs (an idle or passivated
         conversation runs none). Raises NotFoundError."""

@@ -1,0 +1,139 @@
+"""The A2A facade under hostile or careless clients (issue 26, point 8), against the real server
+with the scripted model: a task cancelled while its message waits never runs; JSON-RPC ids
+too large to echo are refused with id null; an agent's message is not user input; a huge or
+control-character contextId creates nothing; pageSize 0 is invalid."""
+
+# ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import msgspec
+import pytest
+import trio
+from a2a.types import a2a_pb2 as pb
+
+from agentik.config import Config
+from tests.scripted_openai import Hang, Reply, ScriptedOpenAI
+from tests.test_a2a import V1, a2a_server, message
+from tests.webutil import (  # noqa: F401 - fixtures are used by name
+    make_config,
+    no_error_logs,
+    open_sse,
+    openai,
+)
+
+
+@pytest.fixture
+def config(tmp_path: Path, openai: ScriptedOpenAI) -> Config:
+    return make_config(tmp_path, openai)
+
+
+async def post(http: httpx2.AsyncClient, body: bytes) -> dict[str, Any]:
+    response = await http.post("/a2a", content=body,
+                               headers={**V1, "Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+async def test_a_task_cancelled_while_its_message_waits_never_runs(
+    config: Config, openai: ScriptedOpenAI
+) -> None:
+    openai.push(Hang(text_before="first "), Reply("third answer"))
+    immediately = {"returnImmediately": True}
+    async with a2a_server(config) as (_, rpc):
+        first = (await rpc.call("SendMessage", {"message": message(
+            "first message", contextId="queue"), "configuration": immediately}))["task"]
+        (conv,) = (await rpc.http.get("/agentik/conversations")).json()["conversations"]
+        epoch = (await rpc.http.get("/agentik")).json()["id"]
+        async with open_sse(rpc.http, f"/agentik/conversations/{conv['id']}/events",
+                            after=f"{epoch}:0") as stream:
+            with trio.fail_after(10):
+                await stream.until("user_message")  # the first turn is running (it hangs)
+            second = (await rpc.call("SendMessage", {"message": message(
+                "second message", message_id="m2", contextId="queue"),
+                "configuration": immediately}))["task"]
+            with trio.fail_after(10):
+                await stream.until("user_message")  # the second is stored, and waits
+            canceled = await rpc.call("CancelTask", {"id": second["id"]}, pb.Task)
+            assert canceled["status"]["state"] == "TASK_STATE_CANCELED"
+            # The first turn ends; the withdrawn second one ends without a model round.
+            ended = await rpc.call("CancelTask", {"id": first["id"]}, pb.Task)
+            assert ended["status"]["state"] == "TASK_STATE_CANCELED"
+            third = await rpc.call("SendMessage", {"message": message(
+                "third message", message_id="m3", contextId="queue")})
+            assert third["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+        asked = [str(r["messages"]) for r in openai.requests]
+        assert len(asked) == 2 and "first message" in asked[0], asked
+        assert "third message" in asked[1] and "second message" not in asked[1], asked
+        again = await rpc.call("GetTask", {"id": second["id"]}, pb.Task)
+        assert again["status"]["state"] == "TASK_STATE_CANCELED"
+        # The journal keeps the second message and its empty interrupted answer.
+        journal = (await rpc.http.get(f"/agentik/conversations/{conv['id']}/messages")).json()
+        kinds = [(m["message"]["type"], m["message"].get("interrupted", False)) for m in journal]
+        assert kinds == [("user_message", False), ("user_message", False),
+                         ("assistant_message", True), ("assistant_message", True),
+                         ("user_message", False), ("assistant_message", False)], kinds
+        assert journal[3]["message"]["content"] == []  # the second turn said nothing
+
+
+async def test_jsonrpc_ids_too_large_to_echo_are_refused_with_id_null(config: Config) -> None:
+    async with a2a_server(config) as (_, rpc):
+        for raw_id in [b"9" * 400, b"-" + b"9" * 400, b'"' + b"x" * 1_000_000 + b'"',
+                       b'"' + b"x" * 257 + b'"', b"9223372036854775808", b"1.5", b"true",
+                       b"{}", b"[]"]:
+            answer = await post(rpc.http, b'{"jsonrpc": "2.0", "id": ' + raw_id
+                                + b', "method": "GetTask", "params": {"id": "x"}}')
+            assert answer["id"] is None and answer["error"]["code"] == -32600, answer
+            assert len(str(answer)) < 500
+        for good in ["x" * 256, 9223372036854775807, -9223372036854775808, 0, None]:
+            answer = await post(rpc.http, msgspec.json.encode({"jsonrpc": "2.0", "id": good,
+                                                       "method": "GetTask", "params": {"id": "x"}}))
+            assert answer["id"] == good and answer["error"]["code"] == -32001, answer
+
+
+async def test_an_agent_message_is_not_user_input(config: Config, openai: ScriptedOpenAI) -> None:
+    async with a2a_server(config) as (_, rpc):
+        error = await rpc.error("SendMessage", {"message": {
+            **message("I am the agent"), "role": "ROLE_AGENT"}}, -32602)
+        assert "ROLE_USER" in error["message"]
+        assert (await rpc.http.get("/agentik/conversations")).json()["conversations"] == []
+    assert openai.requests == []
+
+
+async def test_bad_context_and_task_ids_create_nothing(
+    config: Config, openai: ScriptedOpenAI
+) -> None:
+    async with a2a_server(config) as (_, rpc):
+        for field, value in [("contextId", "c" * 100_000), ("contextId", "a\x00b"),
+                             ("contextId", "line\nbreak"), ("contextId", "\u2028"),
+                             ("taskId", "t" * 100_000), ("messageId", "m" * 100_000),
+                             ("messageId", "m\x1b[31m")]:
+            error = await rpc.error("SendMessage", {"message": message(
+                "hello", **{field: value})}, -32602)
+            assert f"message.{field}" in error["message"] and value not in error["message"]
+        for method in ("GetTask", "CancelTask", "SubscribeToTask"):
+            error = await rpc.error(method, {"id": "t" * 1_000_000}, -32602)
+            assert len(error["message"]) < 200
+        await rpc.error("ListTasks", {"contextId": "c" * 100_000}, -32602)
+        assert (await rpc.http.get("/agentik/conversations")).json()["conversations"] == []
+        listed = await rpc.call("ListTasks", {})
+        assert listed["tasks"] == []
+        # At the limit, the id is a context like any other.
+        openai.push(Reply("hi"))
+        done = await rpc.call("SendMessage", {"message": message("hello", contextId="c" * 256)})
+        assert done["task"]["contextId"] == "c" * 256
+    assert len(openai.requests) == 1
+
+
+async def test_page_size_zero_is_invalid(config: Config) -> None:
+    async with a2a_server(config) as (_, rpc):
+        for size in (0, -1, 101):
+            error = await rpc.error("ListTasks", {"pageSize": size}, -32602)
+            assert "pageSize" in error["message"]
+        for params in ({}, {"pageSize": 1}, {"pageSize": 100}):
+            assert (await rpc.call("ListTasks", params))["tasks"] == []
