@@ -116,13 +116,7 @@ class ConversationActor(TurnEndings):
         retried while the store refuses writes (``write_until_stored``): a full disk pauses the
         turn, it never loses its end."""
         h = self.h
-        h.current = turn  # busy from here on (a send's on_busy sees it), even while it is stored
-        await turn.stored.wait()
-        h.waiting.pop(turn.turn_id, None)  # from here cancel_turn interrupts it
-        if not turn.store_ok:
-            h.current = None
-            if turn.started:
-                self.memory.invalidate()  # never stored; dropped all the same, to be safe
+        if not await self._take(turn):
             return
         state = logic.TurnState(conversation_id=self.h.conversation_id, turn_id=turn.turn_id)
         if turn.withdrawn:
@@ -173,6 +167,20 @@ class ConversationActor(TurnEndings):
             if not crashed:
                 # After a bug `current` stays set, so the supervisor closes it with an Error.
                 h.current = None
+
+    async def _take(self, turn: Turn) -> bool:
+        """Make ``turn`` the current one once its message is stored; False when the store
+        failed (the turn is skipped)."""
+        h = self.h
+        h.current = turn  # busy from here on (a send's on_busy sees it), even while it is stored
+        await turn.stored.wait()
+        h.waiting.pop(turn.turn_id, None)  # from here cancel_turn interrupts it
+        if not turn.store_ok:
+            h.current = None
+            if turn.started:
+                self.memory.invalidate()  # never stored; dropped all the same, to be safe
+            return False
+        return True
 
     async def _withdrawn(self, turn: Turn, state: logic.TurnState) -> None:
         """A turn cancelled while it waited (``ConversationHandle.cancel_turn``) ends
