@@ -14,13 +14,17 @@ in-process agent catches the same classes over HTTP::
      ├── InvalidInputError         400 invalid_input  input that fails validation (msgspec's message)
      │   │ raised by: the Agent API (limits, empty content), api.decode_input, Cursor.parse,
      │   │            the web routes (query parameters, frames), the client (bad arguments)
-     │   └── PayloadTooLargeError  413 too_large   a body or WebSocket message over max_body_bytes
-     │         raised by: agentik.web (read_body); the client for a 413
+     │   ├── PayloadTooLargeError  413 too_large   a body or WebSocket message over max_body_bytes
+     │   │     raised by: agentik.web (read_body); the client for a 413
+     │   └── UnsupportedParameterError 400 unsupported_parameter  an OpenAI request parameter
+     │         raised by: agentik.openai_api       agentik cannot honour (``param`` names it)
      ├── UnauthorizedError         401 unauthorized  no bearer token, or one the server does not know
      │     raised by: agentik.web.auth; the client for a 401 (``agentik.client.AuthError``, the
      │                same class: retrying with the same token never helps)
      ├── NotFoundError             404 not_found   unknown conversation id
-     │     raised by: the Agent API, the web routes, the client
+     │   │ raised by: the Agent API, the web routes, the client
+     │   └── ModelNotFoundError    404 model_not_found  an OpenAI request names no agent
+     │         raised by: agentik.openai_api
      ├── ConversationFailedError   409 conversation_failed  crashed too often; takes no turns
      │     raised by: ConversationHandle.submit (send)
      ├── ConflictError             409 conflict    a write based on a stale read (an A2A task
@@ -114,6 +118,17 @@ class PayloadTooLargeError(InvalidInputError):
     code = "too_large"
 
 
+class UnsupportedParameterError(InvalidInputError):
+    """An OpenAI-compatible request asks for something agentik cannot honour (``n`` > 1,
+    client-side ``tools``, ...): refused rather than answered wrongly. ``param`` names it."""
+
+    code = "unsupported_parameter"
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class UnauthorizedError(AgentikError):
     """A missing or unknown bearer token. Retrying with the same token never helps."""
 
@@ -124,6 +139,12 @@ class NotFoundError(AgentikError):
     """An unknown id (conversation, message)."""
 
     code = "not_found"
+
+
+class ModelNotFoundError(NotFoundError):
+    """An OpenAI-compatible request names a model that is no agent of this server."""
+
+    code = "model_not_found"
 
 
 class MailboxFullError(AgentikError):

@@ -22,6 +22,7 @@ from werkzeug.exceptions import HTTPException
 from agentik.a2a import runtime as a2a_web
 from agentik.config import Config
 from agentik.errors import AgentikError
+from agentik.openai_api import web as openai_web
 from agentik.sse import serve_body
 from agentik.web import auth, cors, lifespan, logsafe, process
 from agentik.web._state import (
@@ -118,6 +119,7 @@ def create_app(
     app.register_blueprint(sse_bp)
     app.register_blueprint(ws_bp)
     a2a_web.mount_agentik(app, st, heartbeat=heartbeat)
+    openai_web.mount_agentik(app, st, heartbeat=heartbeat)
     app.register_blueprint(ui_bp)
 
     @app.before_serving
@@ -187,6 +189,8 @@ async def _after_request(response: Response) -> Response:
         # Answered without reading the body (413, 401, 404, a GET with a body, ...): the rest
         # of it may still be on the connection, which then cannot carry another request.
         response.headers["Connection"] = "close"
+    if request.path.startswith("/v1/"):
+        response = await openai_web.openai_shaped(response)
     started = getattr(g, "agentik_started", None)
     log_request(
         request.method, request.path, request.query_string, response.status_code,

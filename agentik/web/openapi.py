@@ -15,6 +15,14 @@ from typing import Any
 import msgspec
 
 import agentik
+from agentik.openai_api.types import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    ErrorAnswer,
+    Model,
+    ModelList,
+)
 from agentik.web.types import (
     AgentInfo,
     ClientFrame,
@@ -179,6 +187,22 @@ ROUTES: tuple[Route, ...] = (
           "A2A v1.0 JSON-RPC 2.0; SSE for SendStreamingMessage and SubscribeToTask; errors are "
           "JSON-RPC error objects with status 200 (see docs/A2A.md)", 200),
     Route("post", "/a2a/", "a2aJsonRpcSlash", "The same A2A endpoint (no redirect)", 200),
+    Route("get", "/v1/models", "openaiListModels",
+          "OpenAI-compatible: every agent as a model (see docs/OPENAI.md)", 200, ModelList,
+          error_type=ErrorAnswer),
+    Route("get", "/v1/models/{model_id}", "openaiGetModel", "OpenAI-compatible: one model",
+          200, Model, params=(Param("model_id", "path", "an agent's id", required=True),),
+          errors=(404,), error_type=ErrorAnswer),
+    Route("post", "/v1/chat/completions", "openaiChatCompletions",
+          "OpenAI-compatible Chat Completions answered by the agent named in `model`, its tools "
+          "run server-side; `stream: true` answers SSE `chat.completion.chunk` events ending "
+          "with `data: [DONE]`. `X-Agentik-Conversation-Id` continues a conversation (its "
+          "history is checked: 409 when it differs); without it a temporary conversation "
+          "(kept with `store: true`, its id in the answer's `X-Agentik-Conversation-Id`). "
+          "Errors in OpenAI's shape (see docs/OPENAI.md)", 200, ChatCompletion,
+          body=ChatRequest, params=(Param(
+              "X-Agentik-Conversation-Id", "header", "the conversation this request continues"),),
+          errors=(400, 404, 409, 413, 429, 502), error_type=ErrorAnswer),
     Route("get", "/", "webChat", "The built-in web chat (HTML page)", 200, ok_media=HTML,
           open=True),
     Route("get", "/agentik/ui", "webChatUi", "The built-in web chat (same page as `/`)", 200,
@@ -199,6 +223,7 @@ _ERROR_TEXT = {
     413: "body over the size limit",
     422: "idempotency_key_reused: this Idempotency-Key was used with another request",
     429: "the conversation's mailbox is full; see Retry-After",
+    502: "the agent's turn failed (its model's server or a tool)",
     503: "the runtime is not running",
 }
 
@@ -207,7 +232,7 @@ _ERROR_TEXT = {
 def openapi_dict() -> dict[str, Any]:
     """The document as a dict. (One function over 60 lines: it is the document's one template,
     route table in, OpenAPI out, and reads best whole.)"""
-    body_types: list[Any] = [ErrorBody, ClientFrame, ServerFrame]
+    body_types: list[Any] = [ErrorBody, ClientFrame, ServerFrame, ChatCompletionChunk]
     for route in ROUTES:
         for t in (route.ok_type, route.body, route.error_type):
             if t is not None and t not in body_types:
@@ -244,7 +269,7 @@ def openapi_dict() -> dict[str, Any]:
             statuses |= {401, 503}
         for status in sorted(statuses):
             responses[str(status)] = {
-                "description": _ERROR_TEXT[status] if route.error_type is None
+                "description": _ERROR_TEXT[status] if route.error_type in (None, ErrorAnswer)
                 else "not ready / not alive: the body says why",
                 "content": {"application/json": {
                     "schema": error_ref if route.error_type is None else names[route.error_type]}},

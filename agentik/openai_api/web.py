@@ -1,0 +1,228 @@
+"""The /v1 routes (docs/OPENAI.md): Models and Chat Completions over agentik's conversations.
+
+Every answer of these routes is OpenAI's shape, errors included: ``{"error": {"message",
+"type", "param", "code"}}`` with the status of agentik's error map (400, 401, 404, 409, 413,
+429, 502, 503), also for what the app answers before a route runs (a 401 from the auth hook, a
+413 from the body limit) and for an unknown /v1 path.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any, cast
+
+import msgspec
+from quart import Blueprint, Quart, Response, current_app, request
+from werkzeug.exceptions import HTTPException
+
+from agentik.errors import (
+    AgentikError,
+    ConflictError,
+    InvalidInputError,
+    ModelNotFoundError,
+    UnsupportedParameterError,
+    http_status,
+)
+from agentik.openai_api import chat
+from agentik.openai_api.follow import Finished
+from agentik.openai_api.service import OpenAiMount, TurnRun, run_service
+from agentik.openai_api.stream import chat_stream, completion, ending_error, ending_of
+from agentik.openai_api.types import (
+    ChatRequest,
+    ErrorAnswer,
+    ErrorObject,
+    Model,
+    ModelList,
+    decode_chat_request,
+    encode,
+)
+from agentik.web._state import WebState, state
+from agentik.web.errors import headers_of
+from agentik.web.http import read_body
+from agentik.wire import Content, MessageContext, MessageOrigin
+
+bp = Blueprint("agentik_openai", __name__)
+
+JSON = "application/json"
+#: the request header naming the conversation to continue, and the answer's header naming the
+#: conversation a stored exchange went to
+CONVERSATION_HEADER = "X-Agentik-Conversation-Id"
+#: Open WebUI's chat id (sent when it forwards user info headers): a conversation of its own
+OPEN_WEBUI_CHAT = "X-OpenWebUI-Chat-Id"
+#: ``metadata`` member naming the conversation to continue (for clients that cannot set headers)
+METADATA_KEY = "agentik_conversation_id"
+
+
+def mount_agentik(app: Quart, st: WebState, *, heartbeat: float = 15.0) -> OpenAiMount:
+    """Mount the /v1 routes on agentik's app, served on the runtime's agent while it runs."""
+    mount = OpenAiMount(created=int(time.time()), heartbeat=heartbeat)
+    cast(Any, app).agentik_openai = mount
+    app.register_blueprint(bp)
+    st.services.append(partial(run_service, mount))
+    return mount
+
+
+def mount_state() -> OpenAiMount:
+    return cast(OpenAiMount, cast(Any, current_app).agentik_openai)
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+def error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def openai_error(status: int, message: str, code: str | None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> Response:
+    body = ErrorAnswer(error=ErrorObject(message=message, type=error_type(status), param=param,
+                                         code=code))
+    return Response(encode(body), status=status, headers=headers, content_type=JSON)
+
+
+@bp.errorhandler(AgentikError)
+async def _agentik_error(exc: AgentikError) -> Response:
+    param = exc.param if isinstance(exc, UnsupportedParameterError) else None
+    return openai_error(http_status(exc), str(exc), exc.code, param, headers_of(exc))
+
+
+@bp.errorhandler(HTTPException)
+async def _http_error(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    return openai_error(status, exc.description or exc.name, None)
+
+
+async def openai_shaped(response: Response) -> Response:
+    """An agentik-shaped error of a /v1 path answered outside these routes (the auth hook's 401,
+    an unknown path's 404, Quart's 405 and 413) in OpenAI's shape: ``{"error": {"code",
+    "message"}}`` -> ``{"error": {"message", "type", "param", "code"}}``. The app calls this
+    for every answer under /v1/."""
+    if response.status_code < 400 or response.mimetype != JSON:
+        return response
+    try:
+        detail = msgspec.json.decode(await response.get_data())["error"]
+        if "type" in detail:
+            return response  # already OpenAI's
+        message, code = str(detail["message"]), str(detail["code"])
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return response
+    response.set_data(encode(ErrorAnswer(error=ErrorObject(
+        message=message, type=error_type(response.status_code), code=code))))
+    return response
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+def model_ids() -> list[str]:
+    """Each agent of the server is a model (its id the agent's id)."""
+    state().require_agent()
+    return ["default"]
+
+
+def check_model(name: str) -> str:
+    known = model_ids()
+    if name not in known:
+        raise ModelNotFoundError(f"the model {name!r} does not exist: the models are this "
+                                 f"server's agents ({', '.join(known)})")
+    return name
+
+
+@bp.get("/v1/models")
+async def list_models() -> Response:
+    created = mount_state().created
+    body = ModelList(data=[Model(id=i, created=created) for i in model_ids()])
+    return Response(encode(body), content_type=JSON)
+
+
+@bp.get("/v1/models/<model_id>")
+async def get_model(model_id: str) -> Response:
+    check_model(model_id)
+    return Response(encode(Model(id=model_id, created=mount_state().created)),
+                    content_type=JSON)
+
+
+# --- chat completions ----------------------------------------------------------------------------
+
+
+async def _chat_request() -> ChatRequest:
+    raw = await read_body(state().cfg.max_body_bytes)
+    if not raw.strip():
+        raise InvalidInputError("a JSON body is required")
+    try:
+        return decode_chat_request(raw)
+    except msgspec.ValidationError as exc:
+        raise InvalidInputError(f"invalid request: {exc}") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise InvalidInputError(f"the body is not valid JSON: {exc}") from None
+
+
+def _given_conversation(req: ChatRequest) -> str | None:
+    header = request.headers.get(CONVERSATION_HEADER)
+    if header:
+        return header
+    return (req.metadata or {}).get(METADATA_KEY) or None
+
+
+async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
+                 ) -> tuple[TurnRun, str | None]:
+    """The request's turn started in the conversation it continues or seeds; and the id to
+    answer in the conversation header (None for a temporary one)."""
+    agent = state().require_agent()
+    service = mount_state().require()
+    given = _given_conversation(req)
+    chat_id = request.headers.get(OPEN_WEBUI_CHAT)
+    origin = "chat.completions"
+    if given is None and chat_id:
+        conv = await agent.create_conversation(title=f"Open WebUI chat {chat_id[:100]}",
+                                               idempotency_key=f"openwebui-chat:{chat_id[:200]}")
+        given = conv.id
+    if given is not None:
+        snapshot = await agent.chat_snapshot(given)
+        if not snapshot.messages:  # a fresh one (Open WebUI's first message): seeded
+            content, context = chat.seed_content(history, new, origin)
+        else:
+            if not chat.history_matches(history, chat.transcript(snapshot.messages)):
+                raise ConflictError(
+                    f"the messages before the last one differ from conversation {given!r}'s "
+                    "history (an edited or regenerated exchange): send only the new message, "
+                    "or the history as it is stored, or no conversation id to start anew")
+            content = new
+            context = MessageContext(origin=MessageOrigin(kind="user"),
+                                     metadata={"openai_api": origin})
+        run = await service.start_turn(given, content, context, delete_after=False)
+        return run, given
+    keep = bool(req.store)
+    conv = await agent.create_conversation(temp=not keep, title="OpenAI chat completion")
+    content, context = chat.seed_content(history, new, origin)
+    run = await service.start_turn(conv.id, content, context, delete_after=not keep)
+    return run, conv.id if keep else None
+
+
+@bp.post("/v1/chat/completions")
+async def chat_completions() -> Response:
+    req = await _chat_request()
+    check_model(req.model)
+    chat.check_supported(req)
+    history, new = chat.split_messages(req)
+    run, conversation_id = await _start(req, history, new)
+    headers = {} if conversation_id is None else {CONVERSATION_HEADER: conversation_id}
+    if req.stream:
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        return chat_stream(mount_state(), run, req.model, include_usage, headers)
+    try:
+        end = await ending_of(run)
+    finally:
+        run.scope.cancel()
+    if not isinstance(end, Finished):
+        status, error = ending_error(end)
+        return Response(encode(ErrorAnswer(error=error)), status=status, content_type=JSON,
+                        headers=headers)
+    return Response(encode(completion(run, req.model, end)), content_type=JSON, headers=headers)
