@@ -17,7 +17,17 @@ from typing import Any
 
 import trio
 
-from benchmarks import concurrency, floor, litert_context, litert_tokens, pg, runtime, storage, web
+from benchmarks import (
+    concurrency,
+    floor,
+    litert_context,
+    litert_tokens,
+    openai_compat,
+    pg,
+    runtime,
+    storage,
+    web,
+)
 
 Scenario = Callable[[bool], Awaitable[dict[str, Any]]]
 
@@ -25,6 +35,7 @@ SCENARIOS: dict[str, Scenario] = {
     "storage_group_commit": storage.storage_group_commit,
     "storage_full_outbox": storage.storage_full_outbox,
     "turn_overhead_ttft": web.turn_overhead_ttft,
+    "openai_ttft": openai_compat.openai_ttft,
     "fanout_tokens": web.fanout_tokens,
     "concurrency": concurrency.concurrency,
     "stack_floor": floor.stack_floor,
