@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from agentik import config_values as values
 from agentik.config import Config
 from agentik.errors import ConfigError
 
@@ -94,23 +95,44 @@ def _check() -> int:
     return trio.run(run_checks, config, emit)
 
 
+def _chat_target(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The chat's server URL and token, under the rules of the server's settings
+    (:mod:`agentik.config_values`). Raises ValueError: one line naming the option or variable
+    (a token is never shown)."""
+    url = args.url or os.environ.get("AGENTIK_URL")
+    where = "--url" if args.url else "AGENTIK_URL"
+    if not url:
+        port = os.environ.get("AGENTIK_PORT") or "8080"
+        try:
+            url = f"http://127.0.0.1:{values.port(port)}"
+        except ValueError as exc:
+            raise ValueError(f"AGENTIK_PORT {port!r} {exc}") from None
+    if not url.startswith(("http://", "https://")):
+        if "://" in url:
+            raise ValueError(f"{where} {url!r} is not an http:// or https:// URL")
+        raise ValueError(f"{where} {url!r} has no scheme: add http:// (e.g. http://{url}) "
+                         "or https://")
+    try:
+        values.url(url)
+    except ValueError as exc:
+        raise ValueError(f"{where} {url!r} {exc}") from None
+    token = args.token or os.environ.get("AGENTIK_TOKEN") or None
+    if token is not None:
+        try:
+            values.token(token)
+        except ValueError as exc:
+            raise ValueError(f"{'--token' if args.token else 'AGENTIK_TOKEN'} {exc}") from None
+    return url, token
+
+
 def _chat(args: argparse.Namespace) -> int:
     from agentik.client.chat import run_chat
 
-    url = args.url or os.environ.get("AGENTIK_URL")
-    if not url:
-        port = os.environ.get("AGENTIK_PORT") or "8080"
-        url = f"http://127.0.0.1:{port}"
-    if not url.startswith(("http://", "https://")):
-        where = "--url" if args.url else "AGENTIK_URL"
-        if "://" in url:
-            print(f"agentik chat: {where} {url!r} is not an http:// or https:// URL",
-                  file=sys.stderr)
-        else:
-            print(f"agentik chat: {where} {url!r} has no scheme: add http:// (e.g. "
-                  f"http://{url}) or https://", file=sys.stderr)
+    try:
+        url, token = _chat_target(args)
+    except ValueError as exc:
+        print(f"agentik chat: {exc}", file=sys.stderr)
         return 2
-    token = args.token or os.environ.get("AGENTIK_TOKEN") or None
     # Quiet: the chat prints its own messages; library log lines would garble the terminal.
     logging.basicConfig(level=logging.WARNING)
     return trio.run(run_chat, url, token, args.conversation)

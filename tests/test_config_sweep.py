@@ -171,3 +171,22 @@ async def test_two_workers_report_a_bad_setting_once(tmp_path: Path) -> None:
     # Both workers fail on the same setting at about the same time: run it a few times.
     for _ in range(3):
         await one_line(tmp_path, hypercorn("2"), "AGENTIK_CORS_ORIGINS", "https://a.example/x")
+
+
+@pytest.mark.parametrize(("variable", "value", "expected"), [
+    ("AGENTIK_PORT", "\uff11\uff10", "must be an integer in ASCII digits"),
+    ("AGENTIK_URL", "http://", "must name a host"),
+    ("AGENTIK_URL", "http://h:99999", "bad port"),
+    ("AGENTIK_TOKEN", "a secret with spaces", "must be printable ASCII without spaces"),
+])
+async def test_agentik_chat_reads_its_settings_by_the_same_rules(
+    tmp_path: Path, variable: str, value: str, expected: str
+) -> None:
+    chat = [sys.executable, "-m", "agentik.cli", "chat"]
+    async with spawn(chat, env_for(tmp_path, **{variable: value}), tmp_path) as p:
+        with trio.fail_after(60):
+            assert await p.exit_code() == 2, p.output
+    lines = [line for line in p.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and variable in lines[0] and expected in lines[0], p.output
+    if variable == "AGENTIK_TOKEN":
+        assert value not in p.output
