@@ -81,6 +81,10 @@ async def open_runtime(
                         registry = Registry(deps, actors)
                         if storage.leases is not None:  # a cluster node stops its own actors
                             storage.leases.on_stop = registry.stop
+                            # ... and runs the queued turns of a conversation its sweeper took
+                            storage.leases.on_claimed = registry.resume
+                        # accepted messages a dead process left queued are answered
+                        actors.start_soon(registry.resume_queued)
                         agent = LocalAgent(deps, registry, peers)
                         try:
                             yield agent
@@ -185,12 +189,13 @@ async def _run_storage(
 
 
 async def _recover(storage: Storage) -> None:
-    """Start-up: temporary conversations go, turns a dead process left open get their Error."""
+    """Start-up: temporary conversations go, turns a dead process left running get their Error
+    (its queued ones run once the registry is up: ``Registry.resume_queued``)."""
     purged = await storage.write(ops.PurgeTemporary())
-    recovered = await storage.write(ops.RecoverTurns())
+    recovered = await storage.recover_turns(ops.RecoverTurns())
     if purged or recovered:
         log.info("start-up: %d temporary conversations removed, %d interrupted turns closed",
-                 purged, recovered)
+                 purged, len(recovered))
 
 
 async def _start_tools(config: Config, nursery: trio.Nursery) -> ToolRegistry:

@@ -34,7 +34,7 @@ from agentik.storage.actor import Storage, run_storage
 from agentik.storage.pg import schema as pg_schema
 from agentik.storage.types import StoredEvent
 from agentik.testing import ScriptedLlm
-from agentik.wire import AppendText, Cursor, Text, UserMessage, event_type
+from agentik.wire import AppendText, Cursor, Text, UserItem, UserMessage, event_type
 from tests.conftest import PG_BASE_URL
 
 _nodes = iter(range(1_000_000))
@@ -52,9 +52,11 @@ async def node(url: str, **kw: object) -> AsyncIterator[Storage]:
         nursery.cancel_scope.cancel()
 
 
-def send(cid: str, mid: str) -> ops.AppendUserMessage:
+def send(cid: str, mid: str, *, running: bool = False) -> ops.AppendUserMessage:
+    """A user message; its turn queued, or ``running`` (started with it)."""
     return ops.AppendUserMessage(conversation_id=cid, message_id=mid,
-                                 message=UserMessage(content=[Text(body=mid)]))
+                                 message=UserMessage(content=[Text(body=mid)]),
+                                 start=UserItem(content=[Text(body=mid)]) if running else None)
 
 
 async def create(st: Storage, cid: str) -> None:
@@ -132,9 +134,10 @@ async def test_dead_node_conversation_is_claimed_and_its_turn_closed(pg_url: str
         async with node(pg_url, lease_ttl=1.0) as a:
             await create(a, "c1")
             await a.leases.claim("c1")
-            await a.write(send("c1", "question"))  # an open turn
+            await a.write(send("c1", "question", running=True))  # a running turn
+            await a.write(send("c1", "queued"))  # accepted behind it
         # a is gone (no heartbeat any more): within the TTL b's sweeper claims c1 and stores the
-        # turn's terminal record
+        # running turn's terminal record; the queued one stays for b's actor to run
         got: list[str] = []
         with trio.fail_after(10):
             async for ev in b.hub.events(Cursor(epoch=b.epoch, offset=2)):
@@ -143,8 +146,11 @@ async def test_dead_node_conversation_is_claimed_and_its_turn_closed(pg_url: str
                     record = ev.event.record  # type: ignore[union-attr]
                     assert record.message.message == "interrupted: node lost"
                     break
-        assert got[0] == "error" and b.leases.fences.get("c1") == 2
+        assert got[:2] == ["user_message", "error"] and b.leases.fences.get("c1") == 2
         assert b.leases.stats["takeovers"] == 1
+        queued = await b.reader.queued_turns("c1")
+        assert [(turn_id, m.content) for turn_id, m in queued] == [  # type: ignore[union-attr]
+            ("queued", [Text(body="queued")])]
         await b.write(send("c1", "next"))  # and b serves it now
 
 
@@ -534,7 +540,8 @@ async def test_cluster_metrics_follow_heartbeats_leases_and_takeovers(pg_url: st
             await a.leases.claim("c1")
             await a.leases.claim("c2")
             assert metrics.CLUSTER_LEASES._value.get() == 2
-            await a.write(send("c1", "question"))  # an open turn: b's sweeper takes c1 over
+            # a running turn: b's sweeper takes c1 over
+            await a.write(send("c1", "question", running=True))
         with trio.fail_after(10):
             async for ev in b.hub.events(Cursor(epoch=b.epoch, offset=0)):
                 if event_type(ev.event) == "error":

@@ -28,7 +28,7 @@ def _version_4(url: str) -> None:
         for offset, at in [(1, 100.0), (2, 100.0), (3, 200.0), (4, 200.0), (5, 200.0)]:
             conn.execute("INSERT INTO outbox VALUES (%s, 'c1', 'conversation', %s, '\\x00')",
                          (offset, at))
-        conn.execute("INSERT INTO turn VALUES ('m5', 'c1', 'queued', 5)")
+        conn.execute("INSERT INTO turn VALUES ('m5', 'c1', 'running', 5)")
 
 
 def _user(mid: str) -> ops.AppendUserMessage:
@@ -58,12 +58,12 @@ def test_version_4_schema_upgrades_keeping_rows_and_the_ttl_trim(pg_url: str) ->
         assert q('SELECT "offset" FROM outbox_mark ORDER BY 1').fetchall() == [(5,), (6,)]
         assert w.oldest == 3
 
-        # the turn stored by version 4 and the new one are open; recovery closes both, by
-        # (conversation, id)
+        # the turn stored by version 4 is running, the new one queued: recovery closes the
+        # first, by (conversation, id), and leaves the second for the conversation's next actor
         result = w.commit_batch([ops.RecoverTurns(conversation_id="c1", message="lost",
                                                   code="interrupted")])
-        assert result.results == [2]
-        assert q("SELECT count(*) FROM turn").fetchone() == (0,)
+        assert result.results == [[("c1", "m5")]]
+        assert q("SELECT id, state FROM turn").fetchall() == [("m6", "queued")]
         recovered = w.next_seq - 1  # the recovery batch's last offset (t=250)
 
         # t=355, cutoff 255: both batches of t=250 are older, the new one stays

@@ -269,9 +269,10 @@ async def _storage(target: StorageTarget) -> AsyncIterator[Storage]:
         nursery.cancel_scope.cancel()
 
 
-async def _turn(st: Storage, cid: str, mid: str) -> None:
-    await st.write(ops.AppendUserMessage(conversation_id=cid, message_id=mid,
-                                         message=UserMessage(content=[Text(body=mid)])))
+async def _turn(st: Storage, cid: str, mid: str, *, running: bool = False) -> None:
+    await st.write(ops.AppendUserMessage(
+        conversation_id=cid, message_id=mid, message=UserMessage(content=[Text(body=mid)]),
+        start=UserItem(content=[Text(body=mid)]) if running else None))
 
 
 async def test_both_engines_plan_a_recheck_alike(target: StorageTarget) -> None:
@@ -288,7 +289,7 @@ async def test_both_engines_plan_a_recheck_alike(target: StorageTarget) -> None:
         head = st.hub.head
         assert await st.write(ops.rechecked(answer())) == first
         # a turn closed without this op's records (recovery, say): nothing stored either
-        await _turn(st, "c1", "m2")
+        await _turn(st, "c1", "m2", running=True)
         await st.write(ops.RecoverTurns(conversation_id="c1"))
         head = st.hub.head
         assert await st.write(ops.rechecked(answer(turn_id="m2", mid="a2"))) == []
@@ -303,7 +304,7 @@ async def test_both_engines_plan_a_recheck_alike(target: StorageTarget) -> None:
         assert stored == [m for m in journal if m.id in ("p1", "e1")]
         memory = await st.reader.working_memory("c1")
         assert [type(item).__name__ for _, item in memory] == [
-            "SystemItem", "AssistantItem", "ToolItem", "AssistantItem"]  # each once
+            "SystemItem", "AssistantItem", "ToolItem", "AssistantItem", "UserItem"]  # each once
 
 
 def test_a_recheck_of_memory_writes_reads_working_memory_alone() -> None:

@@ -1,7 +1,8 @@
 """Schema version 5 (issue 13, durable rate): an existing version-4 database file is brought over
 with nothing lost: the outbox rows as they were, one mark for each of their times (the TTL trim
 then finds the bound ``outbox_by_time`` gave), the open turns keyed by their conversation with
-the offset of their message (start-up recovery closes them in the order they came)."""
+the offset of their message (start-up recovery closes the running one, and the queued ones
+run in the order they came)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sqlite3
 from pathlib import Path
 
 from agentik.storage import ops
+from agentik.storage.sqlite.queries import queued_turns
 from agentik.storage.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
 from agentik.storage.sqlite.writer import Writer
 from agentik.wire import ErrorEvent
@@ -31,7 +33,7 @@ def _version_4_file(path: str) -> None:
     conn.execute("INSERT INTO conversation VALUES ('c2', NULL, 0, 100.0, 103.0, 5)")
     for seq, mid, cid in ((2, "m1", "c1"), (4, "m2", "c1"), (5, "m3", "c2")):
         conn.execute("INSERT INTO message VALUES (?, ?, ?, 'user', 100.0, ?)",
-                     (seq, mid, cid, b'{"content":[]}'))
+                     (seq, mid, cid, b'{"type":"user_message","content":[]}'))
     # in the order they came (rowid), as the old writer inserted them
     conn.executemany("INSERT INTO turn (id, conversation_id, state) VALUES (?, ?, ?)",
                      [("m1", "c1", "running"), ("m2", "c1", "queued"), ("m3", "c2", "queued")])
@@ -73,13 +75,15 @@ def test_a_version_4_file_is_brought_over_whole(tmp_path: Path) -> None:
         assert [r[0] for r in conn.execute('SELECT "offset" FROM outbox_mark ORDER BY "offset"')
                 ] == [7, 8, 9]
 
-        # the turns left open are closed in the order they came, the migrated ones first
+        # the running turn is closed; the queued ones stay for their conversation's next
+        # actor, in the order they came, the migrated ones first
         result = w.commit_batch([ops.RecoverTurns(message="restarted", code="restart")])
-        assert result.results == [4]
+        assert result.results == [[("c1", "m1")]]
         closed = [ev.event.event.record.message.turn_id for ev in result.events
                   if isinstance(ev.event.event, ErrorEvent)]
-        assert closed == ["m1", "m2", "m3", "m4"]
-        assert conn.execute("SELECT count(*) FROM turn").fetchone() == (0,)
+        assert closed == ["m1"]
+        assert [t for t, _ in queued_turns(conn, "c1")] == ["m2", "m4"]
+        assert [t for t, _ in queued_turns(conn, "c2")] == ["m3"]
     finally:
         w.close()
     w = Writer(path, synchronous="OFF", outbox_cap=1000, outbox_ttl=10.0, clock=lambda: now[0])

@@ -103,10 +103,11 @@ async def events(st: Storage, after: int = 0) -> list[StoredEvent]:
 
 
 async def open_turns(st: Storage, cid: str = "c") -> int:
-    """How many turns of ``cid`` are open (closing them: RecoverTurns counts them)."""
+    """How many turns of ``cid`` are open: running (closing them: RecoverTurns returns them)
+    and queued (which RecoverTurns leaves)."""
     closed = await st.write(ops.RecoverTurns(conversation_id=cid))
-    assert isinstance(closed, int)
-    return closed
+    assert isinstance(closed, list)
+    return len(closed) + len(await st.reader.queued_turns(cid))
 
 
 def call(mid: str) -> tuple[str, ToolCall]:
@@ -395,16 +396,24 @@ async def _compact_recheck(st: Storage) -> None:
 async def _recover(st: Storage) -> None:
     await create(st, "c1")
     await create(st, "c2")
-    await send(st, "m1", "c1")
-    await send(st, "m2", "c2")
-    assert await st.write(ops.RecoverTurns(conversation_id="c1", message="lost", code="node")) == 1
-    (_, error) = await journal(st, "c1")
+    await send(st, "m1", "c1", start=True)
+    await send(st, "q1", "c1")  # queued behind m1: stays, for the conversation's next actor
+    await send(st, "m2", "c2", start=True)
+    await send(st, "q2", "c2")
+    await send(st, "q3", "c2")
+    assert await st.write(ops.RecoverTurns(conversation_id="c1", message="lost", code="node")
+                          ) == [("c1", "m1")]
+    (_, _, error) = await journal(st, "c1")
     assert error.message == Error(message="lost", code="node", turn_id="m1")
     assert [e.type for e in (await events(st))[-2:]] == ["error", "touched"]
-    assert await st.write(ops.RecoverTurns()) == 1  # every conversation: c2's
+    assert await st.write(ops.RecoverTurns()) == [("c2", "m2")]  # every conversation: c2's
     assert (await journal(st, "c2"))[-1].message == Error(
         message="interrupted by restart", code="restart", turn_id="m2")
-    assert await st.write(ops.RecoverTurns()) == 0
+    assert await st.write(ops.RecoverTurns()) == []
+    # the queued ones, in the order they came, with their messages
+    assert [(t, m.content) for t, m in await st.reader.queued_turns("c2")] == [  # type: ignore[union-attr]
+        ("q2", [Text(body="q2")]), ("q3", [Text(body="q3")])]
+    assert await st.reader.conversations_with_queued_turns() == ["c1", "c2"]
 
 
 @case(ops.PurgeTemporary)

@@ -18,7 +18,7 @@ import trio
 from agentik import metrics
 from agentik.actors.deps import Deps
 from agentik.actors.handle import ConversationHandle, HandleClosed
-from agentik.actors.messages import MailboxMessage
+from agentik.actors.messages import MailboxMessage, Turn
 from agentik.actors.supervisor import supervise
 from agentik.errors import (
     NotFoundError,
@@ -29,7 +29,14 @@ from agentik.errors import (
 from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.health import RETRY
-from agentik.wire import Content, ConversationRecord, MessageContext, SystemItem, WorkingItem
+from agentik.wire import (
+    Content,
+    ConversationRecord,
+    MessageContext,
+    SystemItem,
+    UserMessage,
+    WorkingItem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +63,46 @@ class Registry:
         leases = self.deps.storage.leases
         if leases is not None:  # a PostgreSQL cluster: own it first (NotOwnerError if not ours)
             await leases.claim(conversation_id)
-        send, recv = trio.open_memory_channel[MailboxMessage](self.deps.config.mailbox_size)
+        queued = [] if memory is not None else await self._queued(conversation_id)
+        send, recv = trio.open_memory_channel[MailboxMessage](
+            max(self.deps.config.mailbox_size, len(queued)))
+        for turn in queued:  # before any send can queue behind them: they came first
+            send.send_nowait(turn)
         handle = ConversationHandle(conversation_id, self.deps, self, send, recv, memory=memory)
         self.live[conversation_id] = handle
         metrics.LIVE_CONVERSATIONS.inc()
         await self.nursery.start(partial(supervise, handle))
         return handle
+
+    async def _queued(self, conversation_id: str) -> list[Turn]:
+        """The turns accepted (202) and not started when the conversation's last actor went (a
+        kill, a restart, a node lost): they run first, in order, as stored turns."""
+        rows = await self.deps.storage.reader.queued_turns(conversation_id)
+        turns = []
+        for turn_id, message in rows:
+            assert isinstance(message, UserMessage)  # a turn row's message is its user message
+            turn = Turn(turn_id=turn_id, content=tuple(message.content), context=message.context)
+            turn.settle(True)
+            turns.append(turn)
+        if turns:
+            log.info("conversation %s: %d accepted turns resumed", conversation_id, len(turns),
+                     extra={"conversation_id": conversation_id})
+        return turns
+
+    async def resume_queued(self) -> None:
+        """Start-up: load every conversation with queued turns, so they are answered without
+        waiting for a send (one another live node owns is left to it)."""
+        for conversation_id in await self.deps.storage.reader.conversations_with_queued_turns():
+            await self.resume(conversation_id)
+
+    async def resume(self, conversation_id: str) -> None:
+        """Load the conversation (its queued turns run); a conversation this node cannot own
+        now is skipped, its owner runs them."""
+        try:
+            await self.get(conversation_id)
+        except (StorageError, RuntimeClosedError) as exc:  # NotOwnerError, LeaseLostError too
+            log.info("conversation %s: its queued turns are not resumed here: %s",
+                     conversation_id, exc, extra={"conversation_id": conversation_id})
 
     async def create(
         self, *, temp: bool, title: str | None = None, idempotency: ops.Idempotency | None = None

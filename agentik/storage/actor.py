@@ -40,6 +40,7 @@ from agentik.storage.hub import EventHub
 from agentik.storage.outcomes import deliver
 from agentik.storage.sqlite.reader import Reader
 from agentik.storage.sqlite.writer import Writer
+from agentik.wire import End
 
 #: the top-level modules the ``postgres`` extra installs
 POSTGRES_EXTRA = ("psycopg", "psycopg_pool")
@@ -125,6 +126,17 @@ class Storage:
         if req.error is not None:
             raise req.error
         return cast(R, req.result)  # the engine's answer to an Op[R]
+
+    async def recover_turns(self, op: ops.RecoverTurns) -> list[tuple[str, str]]:
+        """Store ``op`` (the running turns a dead process or node left get their Error), then
+        end their live streams as a turn's own ending does (``actors/ending.py``): an ``End``
+        online event each, after the Error is in the hub, so a ``/live`` subscriber waiting for
+        the turn's end (on this node, or relayed to the others) gets it. Returns the closed
+        turns as (conversation id, turn id)."""
+        closed: list[tuple[str, str]] = await self.write(op)
+        for conversation_id, turn_id in closed:
+            self.hub.publish_online(conversation_id, End(turn_id=turn_id))
+        return closed
 
     def _withdraw(self, req: Request) -> None:
         """Take back the request of a caller that was cancelled before it parked (it is the last
@@ -314,7 +326,7 @@ async def _start_node(nursery: trio.Nursery, storage: Storage, engines: _Engines
     feed = storage.feed = Feed(url, pg_writer.channel, engines.reader, hub, pg_writer)
     await nursery.start(feed.run)
     storage.leases = leases
-    leases.write = storage.write
+    leases.write, leases.recover = storage.write, storage.recover_turns
     await nursery.start(leases.run)
     relay = storage.online = OnlineRelay(
         url, channel("o_" + pg_writer.schema), leases.node_id, hub, timeout=pg_writer.timeout)

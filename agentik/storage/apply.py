@@ -77,8 +77,8 @@ class Target(Protocol[Rec]):
         """The A2A task's stored seq (None: no such task), or why it cannot be compared."""
 
     def open_turns(self, conversation_id: str | None) -> list[tuple[str, str]]:
-        """The open turns (conversation id, turn id) of live conversations, of one conversation
-        or of all, in the order they came."""
+        """The running turns (conversation id, turn id) of live conversations, of one
+        conversation or of all, in the order they came (queued ones are not: ``recover_turns``)."""
 
     def temporary(self) -> list[str]:
         """The temporary conversations to purge (start-up)."""
@@ -134,7 +134,8 @@ class Target(Protocol[Rec]):
     def close_turn(self, conversation_id: str, turn_id: str) -> None: ...
 
     def drop_turns(self, conversation_id: str | None) -> None:
-        """Every open turn of one conversation or of all removed (after ``open_turns``)."""
+        """The running turns of one conversation or of all removed (after ``open_turns``), and
+        any turn of a conversation gone."""
 
     def drop_conversation(self, conversation_id: str) -> None:
         """The conversation's rows removed: journal, working memory, turns, A2A tasks."""
@@ -319,13 +320,15 @@ def compact(t: Target[Rec], op: ops.Compact) -> object:
 
 
 def recover_turns(t: Target[Rec], op: ops.RecoverTurns) -> object:
+    """The running turns get their Error; queued ones stay, for the conversation's next actor
+    to run (a message accepted is answered: ``Registry._start``)."""
     turns = t.open_turns(op.conversation_id)
     for cid, turn_id in turns:
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
         t.journal(cid, new_id(), error, ErrorEvent)
         touch(t, cid)
     t.drop_turns(op.conversation_id)
-    return t.value(len(turns))
+    return t.value(turns)
 
 
 def purge_temporary(t: Target[Rec], op: ops.PurgeTemporary) -> object:

@@ -161,10 +161,14 @@ class Compact(Op[None], frozen=True, kw_only=True):
     recheck: bool = False
 
 
-class RecoverTurns(Op[int], frozen=True, kw_only=True):
-    """Close open turns with an Error record: at start-up every turn left open by a dead process
-    (``conversation_id`` None); in a PostgreSQL cluster, the turns of one conversation claimed
-    from a dead node (error "interrupted: node lost")."""
+class RecoverTurns(Op[list[tuple[str, str]]], frozen=True, kw_only=True):
+    """Close running turns with an Error record: at start-up every turn a dead process left
+    running (``conversation_id`` None); in a PostgreSQL cluster, the running turn of one
+    conversation claimed from a dead node (error "interrupted: node lost"). Queued turns (their
+    message accepted, not started) stay: the conversation's next actor runs them, in order
+    (``Reads.queued_turns``); turn rows of a conversation gone are removed. Returns the
+    closed turns as (conversation id, turn id), in the order they came
+    (``Storage.recover_turns`` ends their live streams)."""
 
     conversation_id: str | None = None
     message: str = "interrupted by restart"

@@ -11,7 +11,7 @@ from typing import Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 from agentik.storage.ops import check_looked_up
 from agentik.storage.types import A2ATaskRow, StoredEvent
-from agentik.wire import ConversationRecord, MessageRecord, WorkingItem
+from agentik.wire import ConversationRecord, Message, MessageRecord, WorkingItem
 
 C = TypeVar("C")
 C_contra = TypeVar("C_contra", contravariant=True)
@@ -42,6 +42,11 @@ class Queries(Protocol[C_contra]):
 
     def working_memory(self, conn: C_contra, conversation_id: str, /
                        ) -> list[tuple[int, WorkingItem]]: ...
+
+    def queued_turns(self, conn: C_contra, conversation_id: str, /
+                     ) -> list[tuple[str, Message]]: ...
+
+    def conversations_with_queued_turns(self, conn: C_contra, /) -> list[str]: ...
 
     def outbox_page(self, conn: C_contra, after: int, conversation_id: str | None,
                     kind: str | None, limit: int, /) -> Page: ...
@@ -102,6 +107,15 @@ class Reads(ABC, Generic[C]):
     async def working_memory(self, conversation_id: str) -> list[tuple[int, WorkingItem]]:
         check_looked_up(conversation_id)
         return await self._read(self.queries.working_memory, conversation_id)
+
+    async def queued_turns(self, conversation_id: str) -> list[tuple[str, Message]]:
+        """The conversation's accepted turns that have not started (their message stored and
+        queued when its last actor went), in the order they came: (turn id, its message)."""
+        return await self._read(self.queries.queued_turns, conversation_id)
+
+    async def conversations_with_queued_turns(self) -> list[str]:
+        """The conversations that have queued turns, oldest turn first."""
+        return await self._read(self.queries.conversations_with_queued_turns)
 
     async def outbox_page(self, after: int, conversation_id: str | None, kind: str | None,
                           limit: int) -> Page:

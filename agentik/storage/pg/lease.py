@@ -11,8 +11,10 @@ fencing (SCALEOUT.md, "Conversation ownership").
   terminal record while its fence is still good) before any other node can take its leases: the
   fence guards database writes, not model or tool side effects.
 - A sweeper on every node claims the conversations of dead nodes that have open turns and stores
-  their terminal record (``Error("interrupted: node lost")``); tool calls are never re-run. It
-  deletes their temporary conversations, which die with their node as they die with a restart.
+  the running one's terminal record (``Error("interrupted: node lost")``); tool calls are never
+  re-run. Their queued turns (accepted, not started) then run on the sweeping node
+  (``on_claimed``). It deletes their temporary conversations, which die with their node as they
+  die with a restart.
 """
 
 from __future__ import annotations
@@ -85,8 +87,13 @@ class Leases:
         self.heartbeat_error: str | None = None
         #: set by the runtime: stop the local actor of a conversation (its turn ends stored)
         self.on_stop: Callable[[str], Awaitable[None]] | None = None
-        #: set by run_storage: commit an op through the node's StorageActor
+        #: set by the runtime: load a conversation the sweeper took over, so its queued turns
+        #: (accepted by the dead node, not started) run here
+        self.on_claimed: Callable[[str], Awaitable[None]] | None = None
+        #: set by run_storage: commit an op through the node's StorageActor; ``recover``: a
+        #: RecoverTurns through it, the closed turns' live streams ended (``Storage.recover_turns``)
         self.write: Callable[[ops.AnyOp], Awaitable[Any]] | None = None
+        self.recover: Callable[[ops.RecoverTurns], Awaitable[Any]] | None = None
         self.stats = {"heartbeats": 0, "missed": 0, "claims": 0, "takeovers": 0, "stops": 0}
         #: line -> (lock, [connection]): one connection per line, one call at a time on it
         self._lines: dict[str, tuple[trio.Lock, list[Any]]] = {
@@ -250,9 +257,9 @@ class Leases:
                 metrics.CLUSTER_TAKEOVERS.inc()
                 log.info("node %s took conversation %s over from %s (fence %d)",
                          self.node_id, conversation_id, previous, fence)
-                if self.write is not None:
-                    await self.write(ops.RecoverTurns(conversation_id=conversation_id,
-                                                      message=NODE_LOST, code="node_lost"))
+                if self.recover is not None:
+                    await self.recover(ops.RecoverTurns(conversation_id=conversation_id,
+                                                        message=NODE_LOST, code="node_lost"))
             return fence
         owner = await self._db(_OWNER, cid=conversation_id)
         if owner and owner[0][0] == self.node_id:
@@ -278,5 +285,7 @@ class Leases:
                 if temporal and self.write is not None:
                     await self.write(ops.DeleteConversation(conversation_id=cid))
                     self._release(cid)
+                elif self.on_claimed is not None:
+                    await self.on_claimed(cid)
             except (NotOwnerError, LeaseLostError):
                 continue  # another node was quicker

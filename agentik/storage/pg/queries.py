@@ -28,9 +28,11 @@ from agentik.wire import (
     ConversationRecord,
     Created,
     Cursor,
+    Message,
     MessageRecord,
     WorkingItem,
     decode_common_event,
+    decode_message,
     decode_working_item,
     encode,
 )
@@ -88,6 +90,19 @@ def working_memory(conn: Conn, conversation_id: str) -> list[tuple[int, WorkingI
     rows = conn.execute("SELECT order_idx, payload FROM working_memory WHERE conversation_id = %s "
                         "ORDER BY order_idx", (conversation_id,))
     return [(int(r[0]), decode_working_item(r[1])) for r in rows]
+
+
+def queued_turns(conn: Conn, conversation_id: str) -> list[tuple[str, Message]]:
+    rows = conn.execute("SELECT t.id, m.payload FROM turn t JOIN message m ON m.seq = t.seq "
+                        "WHERE t.conversation_id = %s AND t.state = 'queued' ORDER BY t.seq",
+                        (conversation_id,))
+    return [(r[0], decode_message(r[1])) for r in rows]
+
+
+def conversations_with_queued_turns(conn: Conn) -> list[str]:
+    rows = conn.execute("SELECT conversation_id FROM turn WHERE state = 'queued' "
+                        "GROUP BY conversation_id ORDER BY min(seq)")
+    return [r[0] for r in rows]
 
 
 def has_conversation_events(conn: Conn, conversation_id: str, after: int) -> bool:

@@ -306,12 +306,12 @@ class PgWriter:
                 cids.add(op.conversation_id)  # type: ignore[union-attr,arg-type]
                 continue
             if isinstance(op, ops.RecoverTurns) and op.conversation_id not in p.open_turns:
-                sql = ("SELECT t.id, t.conversation_id, c.id IS NOT NULL FROM turn t "
-                       "LEFT JOIN conversation c ON c.id = t.conversation_id ")
+                sql = ("SELECT t.id, t.conversation_id, c.id IS NOT NULL FROM turn t LEFT JOIN conversation "
+                       "c ON c.id = t.conversation_id WHERE (t.state = 'running' OR c.id IS NULL) ")
                 if op.conversation_id is not None:
-                    sql += "WHERE t.conversation_id = %(cid)s "
+                    sql += "AND t.conversation_id = %(cid)s "
                 else:  # a cluster's start-up leaves the turns of live nodes alone
-                    sql += f"WHERE NOT (c.id IS NOT NULL AND {LIVE_OTHER_OWNER}) "
+                    sql += f"AND NOT (c.id IS NOT NULL AND {LIVE_OTHER_OWNER}) "
                 rows = conn.execute(
                     sql + "ORDER BY t.seq",
                     {"cid": op.conversation_id, "me": me, "ttl": ttl},

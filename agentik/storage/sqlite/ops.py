@@ -86,10 +86,11 @@ class SqliteTarget:
         return None if row is None else int(row[0])
 
     def open_turns(self, conversation_id: str | None) -> list[tuple[str, str]]:
-        sql = "SELECT t.conversation_id, t.id FROM turn t JOIN conversation c ON c.id = t.conversation_id"
+        sql = ("SELECT t.conversation_id, t.id FROM turn t JOIN conversation c ON c.id = "
+               "t.conversation_id WHERE t.state = 'running'")
         args: tuple[str, ...] = ()
         if conversation_id is not None:
-            sql += " WHERE t.conversation_id = ?"
+            sql += " AND t.conversation_id = ?"
             args = (conversation_id,)
         return [(r[0], r[1]) for r in self.conn.execute(sql + " ORDER BY t.seq", args)]
 
@@ -221,10 +222,12 @@ class SqliteTarget:
                           (conversation_id, turn_id))
 
     def drop_turns(self, conversation_id: str | None) -> None:
+        gone = "(state = 'running' OR conversation_id NOT IN (SELECT id FROM conversation))"
         if conversation_id is None:
-            self.conn.execute("DELETE FROM turn")
+            self.conn.execute(f"DELETE FROM turn WHERE {gone}")
         else:
-            self.conn.execute("DELETE FROM turn WHERE conversation_id = ?", (conversation_id,))
+            self.conn.execute(f"DELETE FROM turn WHERE conversation_id = ? AND {gone}",
+                              (conversation_id,))
 
     def drop_conversation(self, conversation_id: str) -> None:
         for table in ("message", "working_memory", "turn", "a2a_task"):  # its A2A tasks go too

@@ -18,7 +18,14 @@ from agentik.storage.types import (
     conversation_of,
     message_of,
 )
-from agentik.wire import ConversationRecord, MessageRecord, WorkingItem, decode_working_item
+from agentik.wire import (
+    ConversationRecord,
+    Message,
+    MessageRecord,
+    WorkingItem,
+    decode_message,
+    decode_working_item,
+)
 
 
 def get_conversation(conn: sqlite3.Connection, conversation_id: str) -> ConversationRecord | None:
@@ -85,6 +92,25 @@ def working_memory(conn: sqlite3.Connection, conversation_id: str) -> list[tuple
         (conversation_id,),
     ).fetchall()
     return [(r[0], decode_working_item(r[1])) for r in rows]
+
+
+def queued_turns(conn: sqlite3.Connection, conversation_id: str) -> list[tuple[str, Message]]:
+    """The conversation's accepted turns that have not started (their message stored, queued
+    behind a turn when the process stopped), in the order they came: (turn id, its message)."""
+    rows = conn.execute(
+        "SELECT t.id, m.payload FROM turn t JOIN message m ON m.seq = t.seq "
+        "WHERE t.conversation_id=? AND t.state='queued' ORDER BY t.seq",
+        (conversation_id,),
+    ).fetchall()
+    return [(r[0], decode_message(r[1])) for r in rows]
+
+
+def conversations_with_queued_turns(conn: sqlite3.Connection) -> list[str]:
+    """Conversations with queued turns (see :func:`queued_turns`), oldest turn first."""
+    rows = conn.execute(
+        "SELECT conversation_id FROM turn WHERE state='queued' "
+        "GROUP BY conversation_id ORDER BY MIN(seq)").fetchall()
+    return [r[0] for r in rows]
 
 
 def outbox_page(
