@@ -102,3 +102,34 @@ async def test_queued_messages_are_answered_in_order_after_a_kill(
     # a second restart finds nothing left to run or close
     async with open_runtime(config) as agent:
         assert len(await agent.journal.list(conversation_id=conv_id)) == len(records)
+
+
+async def test_a_resumed_queued_turn_can_be_cancelled_before_it_runs(
+    kill_config: Config, scripted: ScriptedOpenAI
+) -> None:
+    """A queued turn brought back by a restart is one the conversation waits on like any other:
+    cancel_turn withdraws it (it ends interrupted, never sent to the model)."""
+    config = kill_config
+    conv_id = await _killed_with_queued_turns(config, scripted)
+    n = len(scripted.requests)
+    scripted.push(Hang(text_before="Working"))  # the second turn's answer, after the restart
+    async with open_runtime(config) as agent:
+        with trio.fail_after(30):
+            await scripted.wait_requests(n + 1)
+        records = await agent.journal.list(conversation_id=conv_id)
+        second, third = records[1], records[2]
+        assert scripted.requests[-1]["messages"][-1]["content"] == "second"
+        assert await agent.cancel_turn(conv_id, third.id)
+        conv = await agent.get_conversation(conv_id)
+        assert conv is not None and await conv.interrupt()  # the second one, running
+        await take_until(
+            agent.outbox.conversation_events(Cursor(epoch=agent.id, offset=0), conv_id),
+            nth("touched", 3), seconds=30)
+        records = await agent.journal.list(conversation_id=conv_id)
+        ended = [(r.message.turn_id, type(r.message).__name__) for r in records[3:]]  # type: ignore[union-attr]
+        assert (third.id, "AssistantMessage") in ended
+        answer = next(r.message for r in records[3:]
+                      if getattr(r.message, "turn_id", None) == third.id)
+        assert isinstance(answer, AssistantMessage) and answer.interrupted
+        assert second.id in [t for t, _ in ended]
+        assert all(m["content"] != "third" for b in scripted.requests for m in b["messages"])

@@ -69,6 +69,7 @@ class Registry:
         for turn in queued:  # before any send can queue behind them: they came first
             send.send_nowait(turn)
         handle = ConversationHandle(conversation_id, self.deps, self, send, recv, memory=memory)
+        handle.waiting.update((turn.turn_id, turn) for turn in queued)  # cancel_turn finds them
         self.live[conversation_id] = handle
         metrics.LIVE_CONVERSATIONS.inc()
         await self.nursery.start(partial(supervise, handle))
@@ -81,7 +82,7 @@ class Registry:
         turns = []
         for turn_id, message in rows:
             assert isinstance(message, UserMessage)  # a turn row's message is its user message
-            turn = Turn(turn_id=turn_id, content=tuple(message.content), context=message.context)
+            turn = Turn(turn_id=turn_id, content=list(message.content), context=message.context)
             turn.settle(True)
             turns.append(turn)
         if turns:
