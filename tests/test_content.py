@@ -1,6 +1,6 @@
 """Images in a message (issue 26, points 2 and 9): one rule for every front door that takes
 content (agentik/content.py, checked by LocalAgent.send). The rule alone, then the HTTP send,
-the WebSocket ``send`` and A2A file parts against a real server: a refused image is a 400 (413
+the WebSocket ``send``, A2A file parts and the OpenAI route's data URLs against a real server: a refused image is a 400 (413
 for the size) naming the item, nothing is stored and the model is never asked."""
 
 # ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
@@ -184,3 +184,32 @@ async def test_a2a_file_parts_are_checked_before_the_task_is_stored(
             "parts": [{"text": "look"}, part(PNG, "image/png")]}})
         assert done["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
         assert b64(PNG) in str(openai.requests[0]["messages"])
+
+
+async def test_openai_route_images_follow_the_same_rule(
+    tmp_path: Path, openai: ScriptedOpenAI
+) -> None:
+    def request(url: str) -> dict[str, Any]:
+        return {"model": "default", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+
+    refused = [
+        (f"data:image/svg+xml;base64,{b64(b'<svg/>')}", 400, "'image/svg+xml' is not accepted"),
+        (f"data:text/html;base64,{b64(b'<html>')}", 400, "'text/html' is not accepted"),
+        (f"data:image/png;base64,{b64(JPEG)}", 400, "is not image/png"),
+        (f"data:image/png;base64,{b64(PNG + bytes(1000))}", 413, "AGENTIK_MAX_IMAGE_BYTES"),
+    ]
+    openai.push(Reply("a png"))
+    async with serve_app(small_limit_config(tmp_path, openai)) as server:
+        async with httpx2.AsyncClient(base_url=server.url, timeout=10) as http:
+            for url, status, why in refused:
+                response = await http.post("/v1/chat/completions", json=request(url))
+                assert response.status_code == status, response.text
+                assert why in response.json()["error"]["message"], response.text
+            assert openai.requests == []
+            listed = (await http.get("/agentik/conversations")).json()["conversations"]
+            assert listed == []
+            good = await http.post("/v1/chat/completions",
+                                   json=request(f"data:image/png;base64,{b64(PNG)}"))
+            assert good.status_code == 200, good.text
+            assert b64(PNG) in str(openai.requests[0]["messages"])
