@@ -1,7 +1,8 @@
 """Images in a message (issue 26, points 2 and 9): one rule for every front door that takes
 content (agentik/content.py, checked by LocalAgent.send). The rule alone, then the HTTP send,
-the WebSocket ``send``, A2A file parts and the OpenAI route's data URLs against a real server: a refused image is a 400 (413
-for the size) naming the item, nothing is stored and the model is never asked."""
+the WebSocket ``send``, A2A file parts and the OpenAI route's data URLs against a real server:
+a refused image is a 400 (413 for the size) naming the item, nothing is stored and the model
+is never asked."""
 
 # ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
 
