@@ -9,6 +9,8 @@ import { Connection } from "./sync.js";
 
 const $ = (id) => document.getElementById(id);
 const IMAGE_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+/** the characters of a message's text shown before a "show all" button */
+const SHOWN_CHARS = 100_000;
 const STATUS_TEXT = {
   connecting: "Connecting…",
   live: "Live",
@@ -364,17 +366,37 @@ function messageShell(tag, role, key) {
   return node;
 }
 
+/** A text part: Markdown (the assistant's) or plain. A long one is shown cut at SHOWN_CHARS,
+ * with a button for the whole: laying out a megabyte of text takes the browser about a second
+ * on a slow machine (the renderer itself is linear, markdown.js), and a stored message must not
+ * freeze every page that shows it. */
+function textNodes(body, markdown) {
+  const fill = (box, text) => {
+    if (markdown) box.replaceChildren(renderMarkdown(text));
+    else box.textContent = text;
+  };
+  const box = el("div", markdown ? "md" : "msg-text");
+  if (body.length <= SHOWN_CHARS) {
+    fill(box, body);
+    return [box];
+  }
+  fill(box, body.slice(0, SHOWN_CHARS));
+  const size = body.length >= 1e6 ? `${(body.length / 1e6).toFixed(1)} M` : `${Math.round(body.length / 1e3)} k`;
+  const more = el("button", "link-button show-all", `… show all of it (${size} characters)`);
+  more.type = "button";
+  more.dataset.testid = "show-all";
+  more.addEventListener("click", () => {
+    fill(box, body);
+    more.remove();
+  });
+  return [box, more];
+}
+
 function contentNodes(content, markdown) {
   const out = [];
   for (const part of content ?? []) {
     if (part.type === "text") {
-      if (markdown) {
-        const body = el("div", "md");
-        body.append(renderMarkdown(part.body));
-        out.push(body);
-      } else {
-        out.push(el("div", "msg-text", part.body));
-      }
+      out.push(...textNodes(part.body, markdown));
     } else if (part.type === "image") {
       out.push(image(part));
     }
@@ -469,9 +491,7 @@ function draftNode() {
   if (draft.reasoning) node.append(reasoningNode(draft.reasoning));
   const body = el("div", "msg-body");
   if (draft.text) {
-    const md = el("div", "md");
-    md.append(renderMarkdown(draft.text));
-    body.append(md);
+    body.append(...textNodes(draft.text, true));
   } else if (!draft.images.length) {
     const dots = el("p", "typing", "Thinking…");
     body.append(dots);
