@@ -129,6 +129,37 @@ def tools() -> FunctionTools:
     return tools
 
 
+def _notes_and_answer(turn: str) -> tuple[list[str], str]:
+    """A turn's screen taken apart: its note lines in order, and the answer's text (the pieces
+    after each ``agent: ``; a note between two pieces interrupts the answer's line)."""
+    notes, pieces = [], []
+    for line in turn.splitlines()[1:]:  # after the line typed
+        if line.startswith("[") and line.endswith("]"):
+            notes.append(line)
+        elif line.startswith("agent: "):
+            pieces.append(line.removeprefix("agent: "))
+        elif line:
+            pieces.append("\n" + line)
+    return notes, "".join(pieces)
+
+
+def _as_shown(screen: str) -> str:
+    """The screen as a terminal shows it: a backspace moves back, the next character
+    overwrites."""
+    lines = []
+    for text in screen.split("\n"):
+        cells: list[str] = []
+        at = 0
+        for ch in text:
+            if ch == "\b":
+                at = max(0, at - 1)
+                continue
+            cells[at:at + 1] = [ch]
+            at += 1
+        lines.append("".join(cells))
+    return "\n".join(lines)
+
+
 async def test_chat_streams_interrupts_and_quits(
     config: Config, scripted: ScriptedOpenAI, tools: FunctionTools
 ) -> None:
@@ -139,20 +170,16 @@ async def test_chat_streams_interrupts_and_quits(
             # A turn with a tool call, then the answer.
             scripted.push(ToolCalls([("call_1", "add", '{"a": 2, "b": 3}')]), Reply("It is 5."))
             await term.write("what is 2+3?\n")
-            marker = '[tool call: add({"a": 2, "b": 3})]'
-            screen = await term.expect(marker)
-            # The screen may already hold text past the marker: start the turn right after it.
-            turn_start = screen.rindex(marker) + len(marker)
             screen = await term.expect("you> ")
-            # The live text and the durable tool result travel on different connections, so
-            # the result line may land inside the streamed answer (which then resumes); the
-            # prompt waits for both streams' end of the turn, so nothing of it comes after.
-            turn = screen[turn_start:screen.index("you> ", turn_start)].lstrip("\n")
-            assert "[tool result: add: 5]" in turn
-            joined = turn.replace("\n[tool result: add: 5]\nagent: ", "").replace(
-                "[tool result: add: 5]\n", ""
-            )
-            assert "agent: It is 5." in joined, turn
+            # The live text and the durable tool lines travel on different connections, so a
+            # tool line may land inside the streamed answer (which then goes on after it), in
+            # any order; the prompt waits for both streams' end of the turn.
+            turn = screen[screen.index("what is 2+3?"):screen.rindex("you> ")]
+            notes, answer = _notes_and_answer(turn)
+            tools = [n for n in notes if n.startswith("[tool")]  # the journal's order
+            assert tools == ['[tool call: add({"a": 2, "b": 3})]', "[tool result: add: 5]"], turn
+            assert "[the agent is working…]" in notes and len(notes) == 3, turn
+            assert answer == "It is 5.", turn
 
             # A turn that hangs after its first words: Ctrl-C interrupts it.
             scripted.push(Reply(["Once ", "upon ", "a ", "time"], gate=gate))
@@ -191,7 +218,9 @@ async def test_chat_holds_what_is_typed_while_an_answer_streams(
             await term.write("and a pa\x7f\x7fpart")  # Backspace twice: edited, unseen
             gate.set()
             await term.expect("[the agent is working…]")  # the second question's turn
-            screen = await term.expect("you> and a part")
+            # (Were the keys read only after the answer, the screen would echo them as typed,
+            # backspaces and all, and show the same.)
+            screen = _as_shown(await term.expect("part"))
             assert screen[start:] == (
                 "agent: Once upon a time.\n"
                 "you> /title typed meanwhile\n"

@@ -47,6 +47,9 @@ class Chat(ChatScreen):
         #: set by /new and /list: the conversation to continue with (the session restarts on it)
         self.switch_to: HttpConversation | None = None
         self._wake = trio.Event()
+        #: the live stream is in place (or failed): the first prompt waits for it, so that a
+        #: line typed at once is answered on a screen that streams it
+        self.live_open = trio.Event()
 
     # --- input -----------------------------------------------------------------------------------
 
@@ -164,14 +167,19 @@ class Chat(ChatScreen):
     async def online(self, conv: HttpConversation) -> None:
         while True:
             try:
-                async with aclosing(self.agent.online_outbox.online_events(conv.id)) as events:
+                live = self.agent.online_outbox.online_events(conv.id, on_open=self._live_opened)
+                async with aclosing(live) as events:
                     async for ce in events:
                         self.render_online(ce.event)
             except AgentikConnectionError:
                 self.live_lost()  # the durable stream reports the connection state
             except AgentikError as exc:
                 self.note(f"live stream: {exc}")
+            self.live_open.set()
             await trio.sleep(0.5)
+
+    def _live_opened(self, _cursor: Cursor | None) -> None:
+        self.live_open.set()
 
     async def on_sigint(self, signals: AsyncIterator[int]) -> None:
         async for _ in signals:
@@ -187,6 +195,7 @@ class Chat(ChatScreen):
                 return
 
     async def input_loop(self, conv: HttpConversation) -> None:
+        await self.live_open.wait()
         self.prompt()
         while True:
             line = await self.next_line()
@@ -301,4 +310,5 @@ async def _run(chat: Chat, conv: HttpConversation, sigint: AsyncIterator[int]) -
             return 0
         conv, chat.switch_to = chat.switch_to, None  # /new or /list: go on there
         chat.quit = trio.Event()
+        chat.live_open = trio.Event()
         chat.busy = chat.interrupting = False
