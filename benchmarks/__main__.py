@@ -22,6 +22,7 @@ from benchmarks import (
     floor,
     litert_context,
     litert_tokens,
+    markdown,
     openai_compat,
     pg,
     runtime,
@@ -47,6 +48,7 @@ SCENARIOS: dict[str, Scenario] = {
     "litert_context": litert_context.litert_context,
     "pg_group_commit": pg.pg_group_commit,
     "pg_fanout": pg.pg_fanout,
+    "web_markdown": markdown.web_markdown,
 }
 #: not in the default run: in-process, so its figure is noisy (see docs/BENCHMARKS.md)
 EXTRA: dict[str, Scenario] = {"memory_actors": runtime.memory_actors}
