@@ -70,6 +70,8 @@ async def open_runtime(
                 the_tools = tools if tools is not None else await _start_tools(config, root)
                 model = ModelHealth()
                 if not _model_configured(config) and llm is None:
+                    # said once the runtime has started: a start-up failure stays one line
+                    log.warning(NO_MODEL)
                     model.error, model.checked = NO_MODEL, True  # nothing to ask
                 elif isinstance(the_llm, Surveyed):
                     await root.start(_watch_model, the_llm, model)
@@ -109,8 +111,6 @@ async def _open_llm(config: Config) -> LiteLlm:
     """The configured backend, loaded. An embedded engine loads at start-up: a corrupt model
     file stops the server now instead of failing the first turn, and the context window is
     known from the start. Raises ConfigError."""
-    if not _model_configured(config):
-        log.warning(NO_MODEL)
     the_llm = make_llm(config)
     load = getattr(the_llm, "load", None)
     if load is not None:

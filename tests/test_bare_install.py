@@ -32,7 +32,7 @@ BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "agentik")
 #: the PostgreSQL extra's line (agentik.errors.missing_extra)
 PG_HINT = "pip install -e '.[postgres]'"
 
-pytestmark = pytest.mark.timeout(300)  # the first install may download every dependency
+pytestmark = pytest.mark.timeout(600)  # the first install may download every dependency
 
 
 @pytest.fixture(scope="module")
