@@ -167,7 +167,7 @@ async def test_markdown_becomes_these_nodes(browser_thread: BrowserThread, page:
 @needs_browser
 async def test_rendering_is_linear_in_the_text(browser_thread: BrowserThread, page: Page) -> None:
     """1 MB of each pattern renders in under a second (the best of three, timed in the page),
-    and 1 MB takes about ten times 100 kB (quadratic: a hundred times)."""
+    and 1 MB takes about ten times 100 kB, not a hundred times (quadratic)."""
     times: dict[str, tuple[float, float]] = {}
     for pattern in PATHOLOGICAL:
         small = await browser_thread.call(lambda _b, p=pattern: page.evaluate(TIME, [p, ONE_MB // 10]))
@@ -176,9 +176,10 @@ async def test_rendering_is_linear_in_the_text(browser_thread: BrowserThread, pa
     print({p: f"{s:.1f} ms / {b:.1f} ms" for p, (s, b) in times.items()})
     slow = {p: b for p, (_, b) in times.items() if b >= 1000}
     assert not slow, f"1 MB took a second or more: {slow}"
-    # A floor of 5 ms for 100 kB: below it, timer resolution and JIT warm-up decide the ratio.
-    steep = {p: b / max(s, 5.0) for p, (s, b) in times.items() if b / max(s, 5.0) > 30}
-    assert not steep, f"1 MB took over 30 times 100 kB: {steep}"
+    # Linear is 10 times, quadratic 100. A floor of 20 ms for 100 kB: below it, the timer, the
+    # JIT's warm-up and a loaded machine's pauses decide the ratio (seen: 5 ms vs 256 ms).
+    steep = {p: b / max(s, 20.0) for p, (s, b) in times.items() if b / max(s, 20.0) > 50}
+    assert not steep, f"1 MB took over 50 times 100 kB: {steep}"
 
 
 #: a turn's events, the live and the durable stream interleaved as the page may get them
