@@ -79,8 +79,10 @@ async def _database(config: Config) -> str:
 
 
 async def _model(config: Config) -> str:
-    from agentik.runtime import make_llm
+    from agentik.runtime import NO_MODEL, make_llm, model_configured
 
+    if not model_configured(config):  # OpenAI's API is not asked without a key
+        raise ConfigError("OPENAI_BASE_URL", NO_MODEL)
     if config.llm_backend == "openai":
         from agentik.llm.openai import OpenAiLlm
 

@@ -69,7 +69,7 @@ async def open_runtime(
                 await _recover(storage)
                 the_tools = tools if tools is not None else await _start_tools(config, root)
                 model = ModelHealth()
-                if not _model_configured(config) and llm is None:
+                if not model_configured(config) and llm is None:
                     # said once the runtime has started: a start-up failure stays one line
                     log.warning(NO_MODEL)
                     model.error, model.checked = NO_MODEL, True  # nothing to ask
@@ -122,7 +122,7 @@ async def _open_llm(config: Config) -> LiteLlm:
     return the_llm
 
 
-def _model_configured(config: Config) -> bool:
+def model_configured(config: Config) -> bool:
     """False for the openai backend with neither a server URL nor a key: the default, OpenAI's
     API, is not asked without a key."""
     return config.llm_backend != "openai" or bool(config.openai_base_url or config.openai_api_key)

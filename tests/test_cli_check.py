@@ -86,3 +86,15 @@ async def test_check_a_malformed_mcp_json_is_one_line_and_exits_2(tmp_path: Path
     assert "Traceback" not in out, out
     assert out.splitlines()[-1] == ('failed mcp: AGENTIK_MCP_CONFIG: server "calc": field "args": '
                                     "Expected `array`, got `str`"), out
+
+
+async def test_check_without_a_model_says_what_to_set(tmp_path: Path) -> None:
+    """No OPENAI_BASE_URL, no key: nothing is asked (OpenAI's API needs a key); the model's line
+    names what to set, and it is a missing setting (exit 2)."""
+    env = env_for(tmp_path)
+    del env["OPENAI_API_KEY"]
+    code, out = await run(["check"], env, tmp_path)
+    assert code == 2, out
+    model = next(line for line in out.splitlines() if " model:" in line)
+    assert model.startswith("failed model: OPENAI_BASE_URL: no model configured"), out
+    assert "agentik check" in model and "api.openai.com" not in out, out
