@@ -207,7 +207,8 @@ class LocalAgent:
 
     async def cancel_turn(self, conversation_id: str, turn_id: str) -> bool:
         """Cancel one turn (``turn_id``: its user message's id): withdrawn while it waits
-        behind another turn (it then ends Interrupted, never run), interrupted while it runs.
+        behind another turn (it ends Interrupted at once, stored before this returns, and is
+        never run), interrupted while it runs.
         False when it has ended, or when another node of a cluster runs the conversation
         (there only the running turn can be interrupted, with :meth:`interrupt`)."""
         self._check_open()

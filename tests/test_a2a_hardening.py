@@ -16,7 +16,9 @@ import pytest
 import trio
 from a2a.types import a2a_pb2 as pb
 
+from agentik import open_runtime
 from agentik.config import Config
+from agentik.wire import AssistantMessage, AssistantMessageEvent
 from tests.scripted_openai import Hang, Reply, ScriptedOpenAI
 from tests.test_a2a import V1, a2a_server, message
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
@@ -72,13 +74,16 @@ async def test_a_task_cancelled_while_its_message_waits_never_runs(
         assert "third message" in asked[1] and "second message" not in asked[1], asked
         again = await rpc.call("GetTask", {"id": second["id"]}, pb.Task)
         assert again["status"]["state"] == "TASK_STATE_CANCELED"
-        # The journal keeps the second message and its empty interrupted answer.
+        # The journal keeps the second message and its empty interrupted answer, stored when
+        # it was cancelled (before the first turn's end), so a restart cannot bring it back.
         journal = (await rpc.http.get(f"/agentik/conversations/{conv['id']}/messages")).json()
         kinds = [(m["message"]["type"], m["message"].get("interrupted", False)) for m in journal]
         assert kinds == [("user_message", False), ("user_message", False),
                          ("assistant_message", True), ("assistant_message", True),
                          ("user_message", False), ("assistant_message", False)], kinds
-        assert journal[3]["message"]["content"] == []  # the second turn said nothing
+        withdrawn, first_answer = journal[2]["message"], journal[3]["message"]
+        assert withdrawn["turn_id"] == journal[1]["id"] and withdrawn["content"] == []
+        assert first_answer["turn_id"] == journal[0]["id"]
 
 
 async def test_jsonrpc_ids_too_large_to_echo_are_refused_with_id_null(config: Config) -> None:
@@ -137,3 +142,35 @@ async def test_page_size_zero_is_invalid(config: Config) -> None:
             assert "pageSize" in error["message"]
         for params in ({}, {"pageSize": 1}, {"pageSize": 100}):
             assert (await rpc.call("ListTasks", params))["tasks"] == []
+
+
+async def test_a_withdrawn_turn_does_not_come_back_after_a_restart(
+    config: Config, openai: ScriptedOpenAI
+) -> None:
+    """The withdrawal is durable at once: a restart while the turn ahead of it runs (start-up
+    runs the queued turns it finds open) does not run it."""
+    openai.push(Hang(text_before="first "))
+    async with open_runtime(config) as agent:
+        conv = await agent.create_conversation()
+        await conv.send("first message")
+        with trio.fail_after(10):
+            await openai.wait_requests(1)
+        second = await conv.send("second message")
+        assert await agent.cancel_turn(conv.id, second)
+        journal = await agent.journal.list(conversation_id=conv.id)
+        ends = [r.message for r in journal if isinstance(r.message, AssistantMessage)]
+        assert [(a.turn_id, a.interrupted, a.content) for a in ends] == [(second, True, [])]
+        assert await agent.cancel_turn(conv.id, second)  # again: still withdrawn, no new record
+        assert len(await agent.journal.list(conversation_id=conv.id)) == len(journal)
+    openai.push(Reply("third answer"))
+    async with open_runtime(config) as agent:
+        conv2 = await agent.get_conversation(conv.id)
+        assert conv2 is not None
+        events = agent.outbox.conversation_events(await agent.outbox.current_cursor(), conv.id)
+        await conv2.send("third message")
+        with trio.fail_after(20):
+            async for ce in events:
+                if isinstance(ce.event, AssistantMessageEvent):
+                    break
+    asked = [str(r["messages"]) for r in openai.requests]
+    assert len(asked) == 2 and "third message" in asked[1] and "second message" not in asked[1]

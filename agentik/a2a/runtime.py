@@ -18,7 +18,7 @@
 - ``check`` refuses an image part under the rules of every send (:mod:`agentik.content`).
 - ``cancel`` interrupts the conversation only while this task's own turn runs; a task whose
   message still waits in the mailbox has its turn withdrawn (``LocalAgent.cancel_turn``: it
-  ends Interrupted when its time comes, never run) and the facade marks it CANCELED at once.
+  ends Interrupted at once and is never run) and the facade marks it CANCELED.
   In a cluster, a message queued on another node is not withdrawn (only marked CANCELED).
 """
 

@@ -182,20 +182,6 @@ class ConversationActor(TurnEndings):
             return False
         return True
 
-    async def _withdrawn(self, turn: Turn, state: logic.TurnState) -> None:
-        """A turn cancelled while it waited (``ConversationHandle.cancel_turn``) ends
-        Interrupted without a model round: the journal keeps its message and an empty
-        interrupted answer; working memory gets nothing (but the user item stored with the
-        message of a turn handed straight to the actor)."""
-        start = logic.start(state, turn.content)
-        if turn.started:
-            self.memory.stored(start)
-        try:
-            await self._end(state, logic.Interrupted())
-        finally:
-            metrics.TURNS.labels("interrupted").inc()
-            self.h.current = None
-
     async def _close(self, state: logic.TurnState, answer: logic.Answer | None,
                      interrupted: bool, failed: logic.Failed | None) -> str:
         """Store how the turn ended (its answer, or through :meth:`_end`); the outcome's label.

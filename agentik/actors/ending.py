@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import trio
 
+from agentik import metrics
 from agentik.actors import turn as logic
 from agentik.actors.deps import Deps
 from agentik.actors.handle import ConversationHandle
@@ -119,6 +120,31 @@ class TurnEndings:
             # The turn row stays open; the next start-up closes it with an Error record.
             log.error("could not store the end of turn %s (%s): %s",
                       self.h.conversation_id, type(op).__name__, exc, extra=fields)
+
+    async def _withdrawn(self, turn: Turn, state: logic.TurnState) -> None:
+        """A turn cancelled while it waited (``ConversationHandle.cancel_turn``) ends
+        Interrupted without a model round: the journal keeps its message and an empty
+        interrupted answer; working memory gets nothing (but the user item stored with the
+        message of a turn handed straight to the actor). The handle stored that ending when
+        it could; this stores it otherwise (rechecked when that write's outcome is unknown)."""
+        if turn.withdrawal is not None:
+            await turn.withdrawal.wait()
+        try:
+            if turn.ended:
+                return
+            if turn.ended is None and turn.ending is not None:
+                try:
+                    await self._store_ending(ops.rechecked(turn.ending))
+                finally:
+                    self.online(End(turn_id=turn.turn_id))
+                return
+            start = logic.start(state, turn.content)
+            if turn.started:
+                self.memory.stored(start)
+            await self._end(state, logic.Interrupted())
+        finally:
+            metrics.TURNS.labels("interrupted").inc()
+            self.h.current = None
 
     async def end_crashed(self, turn: Turn, exc: BaseException) -> None:
         """Close ``turn`` with a crash Error (the supervisor calls this after a bug, or for the

@@ -22,10 +22,18 @@ from agentik import metrics
 from agentik.actors import turn as logic
 from agentik.actors.deps import Deps
 from agentik.actors.messages import MailboxMessage, Turn
-from agentik.errors import BusyError, ConversationFailedError, MailboxFullError
+from agentik.errors import (
+    BusyError,
+    ConversationFailedError,
+    MailboxFullError,
+    NotFoundError,
+    RuntimeClosedError,
+    StorageError,
+    StorageOutcomeUnknownError,
+)
 from agentik.ids import new_id
 from agentik.storage import ops
-from agentik.wire import Content, MessageContext, MessageRecord, UserMessage, WorkingItem
+from agentik.wire import Content, End, MessageContext, MessageRecord, UserMessage, WorkingItem
 
 
 class HandleClosed(Exception):
@@ -160,17 +168,48 @@ class ConversationHandle:
         finally:
             turn.settle(ok)
 
-    def cancel_turn(self, turn_id: str) -> bool:
-        """Cancel one turn: one still waiting in the mailbox is withdrawn (the actor ends it
-        Interrupted when it comes to it, without running it), the running one is interrupted.
-        False when it is neither (it has ended, or it is not this conversation's)."""
+    async def cancel_turn(self, turn_id: str) -> bool:
+        """Cancel one turn: one still waiting in the mailbox is withdrawn (it ends Interrupted
+        at once, and the actor skips it when it comes to it: it is never run), the running one
+        is interrupted. False when it is neither (it has ended, or is not this conversation's)."""
         waiting = self.waiting.get(turn_id)
         if waiting is not None:
-            waiting.withdrawn = True
+            if not waiting.withdrawn:
+                waiting.withdrawn = True
+                if not waiting.started:  # else the actor is about to take it: it ends it
+                    await self._end_withdrawn(waiting)
             return True
         if self.current is not None and self.current.turn_id == turn_id:
             return self.interrupt()
         return False
+
+    async def _end_withdrawn(self, turn: Turn) -> None:
+        """Store a withdrawn turn's ending now rather than when its time comes: its turn row
+        would stay open until then, and a restart meanwhile runs the open turns it finds. The
+        actor skips the turn once this is stored, and ends it itself when it is not."""
+        turn.withdrawal = done = trio.Event()
+        try:
+            with trio.CancelScope(shield=True):  # the actor waits on the outcome
+                await turn.stored.wait()
+                if not turn.store_ok:
+                    return
+                state = logic.TurnState(conversation_id=self.conversation_id,
+                                        turn_id=turn.turn_id)
+                (ending,) = logic.end(state, logic.Interrupted())  # nothing pending: one op
+                assert isinstance(ending, ops.FinishTurn)
+                turn.ending, turn.ended = ending, None
+                await self.deps.storage.write(ending)
+                turn.ended = True
+        except NotFoundError:
+            turn.ended = True  # deleted meanwhile: nothing left to end
+        except StorageOutcomeUnknownError:
+            turn.ended = None  # the actor stores it rechecked
+        except (StorageError, RuntimeClosedError):
+            turn.ended = False  # the actor ends it when it comes to it
+        finally:
+            done.set()
+        if turn.ended:
+            self.deps.storage.hub.publish_online(self.conversation_id, End(turn_id=turn.turn_id))
 
     def interrupt(self) -> bool:
         """Cancel the running turn, if any. Returns whether a turn was running."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from agentik.storage import ops
 from agentik.wire import Content, MessageContext
 
 
@@ -25,8 +26,13 @@ class Turn:
     started: bool = False
     stored: trio.Event = field(default_factory=trio.Event)
     store_ok: bool = False
-    #: cancelled while it waited in the mailbox: the actor ends it Interrupted, never runs it
+    #: cancelled while it waited in the mailbox (``ConversationHandle.cancel_turn``): never run
     withdrawn: bool = False
+    #: set once the handle has tried to store the withdrawn turn's ending itself (``ending``);
+    #: ``ended``: stored (True), not stored (False), or the outcome is unknown (None)
+    withdrawal: trio.Event | None = None
+    ending: ops.FinishTurn | None = None
+    ended: bool | None = False
 
     def settle(self, ok: bool) -> None:
         self.store_ok = ok

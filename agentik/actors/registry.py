@@ -204,7 +204,7 @@ class Registry:
         another node owns the conversation."""
         handle = self.live.get(conversation_id)
         if handle is not None:
-            return handle.cancel_turn(turn_id)
+            return await handle.cancel_turn(turn_id)
         if self.deps.storage.leases is not None:
             await self.deps.storage.leases.check_remote(conversation_id)
         return False
