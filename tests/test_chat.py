@@ -305,6 +305,26 @@ def test_an_interrupted_turn_ends_at_its_interrupted_and_its_end_in_either_order
         assert shown.count("you> ") == 1 and "[interrupted]" in shown, (order, shown)
 
 
+async def test_chat_takes_piped_lines_one_answer_at_a_time(
+    config: Config, scripted: ScriptedOpenAI
+) -> None:
+    """Lines from a pipe wait for the answer before them too, and the end of the input quits
+    after the last answer (not in the middle of it)."""
+    with trio.fail_after(TIMEOUT):
+        async with serve_app(config) as srv:
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            env.pop("AGENTIK_TOKEN", None)
+            proc = await trio.run_process(
+                [sys.executable, "-m", "agentik.cli", "chat", "--url", srv.url],
+                stdin=b"first\nsecond\n/title piped\n", capture_stdout=True,
+                capture_stderr=True, check=False, cwd=str(ROOT), env=env,
+            )
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, (out, proc.stderr)
+    assert out.index("agent: echo: first") < out.index("agent: echo: second") \
+        < out.index("[title: piped]") < out.index("bye"), out
+
+
 def test_the_line_editor() -> None:
     editor = LineEditor()
     assert editor.feed("ab\x7fc\x1b[1;5Ad\x1bOPe\r") == [

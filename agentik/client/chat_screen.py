@@ -155,6 +155,9 @@ class ChatScreen:
         """The next line to act on, or None while a turn runs or none is finished."""
         if self.busy or not self.entered:
             return None
+        # The line is on the screen with its newline (echoed, or shown after the prompt); from
+        # a pipe it is not, and what follows goes on after the prompt.
+        self.at_prompt = self.line_open = False
         return self.entered.popleft()
 
     def _echo(self, text: str) -> None:
