@@ -33,6 +33,8 @@ from agentik.cluster import Peers
 from agentik.config import BUSY_POLICIES
 from agentik.content import check_content
 from agentik.errors import InvalidInputError, NotFoundError, NotOwnerError, RuntimeClosedError
+from agentik.llm.base import ToolSpec
+from agentik.protocol import AgentEntry, AgentList
 from agentik.storage import ops
 from agentik.storage.hub import OnlineSubscription
 from agentik.storage.types import StoredEvent
@@ -65,7 +67,8 @@ class LocalConversation(ConversationView["LocalAgent"]):
 
     @property
     def supports_image_input(self) -> bool:
-        return self._agent._deps.llm.supports_images
+        deps = self._agent._deps
+        return deps.agent_of(self.record.agent, self.id).llm.supports_images
 
     async def get_messages(
         self, after_seq: int = 0, offset: int = 0, limit: int = 100
@@ -92,7 +95,8 @@ class LocalAgent:
         self.journal = Journal(deps)
         self.outbox = Outbox(deps)
         self.online_outbox = OnlineOutbox(deps)
-        #: the tool registry turns run through (NoTools, FunctionTools, the MCP registry)
+        #: every tool of the server (NoTools, FunctionTools, the MCP registry); each agent's
+        #: turns run through its allowed part of it (``get_agent(id).tools`` names them)
         self.tools = deps.tools
 
     @property
@@ -145,13 +149,47 @@ class LocalAgent:
             raise RuntimeClosedError("the runtime is closed")
 
     async def create_conversation(
-        self, temp: bool = False, title: str | None = None, *, idempotency_key: str | None = None
+        self, temp: bool = False, title: str | None = None, *, idempotency_key: str | None = None,
+        agent: str | None = None, instructions: str | None = None,
     ) -> LocalConversation:
-        """An ``idempotency_key`` already used to create one returns that conversation."""
+        """A conversation of ``agent`` (None: the default one), whose system prompt is
+        ``instructions`` when given, else its agent's. An ``idempotency_key`` already used to
+        create one returns that conversation. Raises NotFoundError (an unknown agent: the message
+        names the known ones)."""
         self._check_open()
-        idem = self._idempotency(idempotency_key, "create", [temp, title])
-        record = await self._registry.create(temp=temp, title=title, idempotency=idem)
+        key = [temp, title] if agent is None and instructions is None else [
+            temp, title, agent, instructions]  # a key's fingerprint as before agents existed
+        idem = self._idempotency(idempotency_key, "create", key)
+        record = await self._registry.create(temp=temp, title=title, idempotency=idem,
+                                             agent=agent, instructions=instructions)
         return LocalConversation(self, record)
+
+    def agents(self) -> AgentList:
+        """The server's agents (the agents file's order) and the default one's id."""
+        profiles = self._deps.profiles
+        return AgentList(agents=[self.get_agent(i) for i in profiles.ids],
+                         default=profiles.default)
+
+    def agent_of(self, stored: str) -> str:
+        """The id of the agent that answers a conversation stored as ``stored``'s (the default
+        one when that agent is no longer configured)."""
+        return stored if stored in self._deps.agents else self._deps.profiles.default
+
+    def agent_tools(self, agent_id: str | None = None) -> Sequence[ToolSpec]:
+        """The tools one agent's model may call now (None: the default agent's). Raises
+        NotFoundError."""
+        return self._deps.agents[self._deps.profiles.get(agent_id).id].tools.specs()
+
+    def get_agent(self, agent_id: str | None = None) -> AgentEntry:
+        """What a client may show of one agent (None: the default one). Raises NotFoundError
+        naming the known ids."""
+        profile = self._deps.profiles.get(agent_id)
+        part = self._deps.agents[profile.id]
+        return AgentEntry(
+            id=profile.id, name=profile.name, description=profile.description,
+            image_input=part.llm.supports_images, tools=[s.name for s in part.tools.specs()],
+            card_url=f"/a2a/{profile.id}/.well-known/agent-card.json",
+            default=profile.id == self._deps.profiles.default)
 
     def _idempotency(
         self, key: str | None, scope: str, body: object

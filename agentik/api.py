@@ -82,6 +82,11 @@ class ConversationView(Generic[A]):
     def is_temporal(self) -> bool:
         return self.record.is_temporal
 
+    @property
+    def agent(self) -> str:
+        """The id of the agent it belongs to."""
+        return self.record.agent
+
     async def send(
         self,
         content: Sequence[Content] | Content | str,

@@ -142,7 +142,7 @@ def _serve_command(args: argparse.Namespace) -> int:
     try:
         config = Config.from_env()
     except ConfigError as exc:
-        print(f"agentik: bad configuration: {exc}", file=sys.stderr)
+        _bad_configuration(exc)
         return 2
     if args.port is not None:
         if not 0 <= args.port <= 65535:
@@ -195,7 +195,7 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
         except Exception as exc:
             cause = app.agentik.startup_error
             if isinstance(cause, ConfigError):
-                print(f"agentik: bad configuration: {cause}", file=sys.stderr)
+                _bad_configuration(cause)
                 return 2
             print(f"agentik: cannot start: {describe(cause or exc)}", file=sys.stderr)
             return 1
@@ -204,6 +204,12 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
             for sock in sockets.insecure_sockets:
                 sock.close()
     return 1 if died.is_set() else 0
+
+
+def _bad_configuration(exc: ConfigError) -> None:
+    """One line per mistake (an agents file may have several)."""
+    for line in str(exc).splitlines():
+        print(f"agentik: bad configuration: {line}", file=sys.stderr)
 
 
 def _hypercorn_config(config: Config, host: str, graceful_timeout: float) -> HypercornConfig:

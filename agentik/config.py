@@ -45,6 +45,11 @@ class Config:
     #: own; for openai learned from the server's first overflow refusal); docs/CONTEXT.md
     context_window: int = 0
     litert_model_path: str | None = None
+    #: sampling temperature sent with each model request (None: the backend's default); an agent
+    #: of the agents file has its own
+    temperature: float | None = None
+    #: the agents file (TOML, docs/AGENTS.md); None: one agent, ``default``, from these settings
+    agents_path: str | None = None
     litert_threads: int = 2
     #: rounds generating at once on the LiteRT-LM engine; excess turns wait
     litert_max_concurrency: int = 1
@@ -170,6 +175,8 @@ class Config:
         get("AGENTIK_MAX_OUTPUT_TOKENS", "max_output_tokens", v.non_negative_int)
         get("AGENTIK_SUMMARY_MAX_TOKENS", "summary_max_tokens", v.non_negative_int)
         get("AGENTIK_MCP_CONFIG", "mcp_config", str)
+        get("AGENTIK_AGENTS", "agents_path", str)
+        get("AGENTIK_TEMPERATURE", "temperature", _temperature)
         get("AGENTIK_TOKENS", "tokens", v.tokens, secret=True)
         get("AGENTIK_OUTBOX_CAP", "outbox_cap", v.positive_int)
         get("AGENTIK_OUTBOX_TTL", "outbox_ttl", v.seconds)
@@ -229,6 +236,13 @@ class Config:
         query = "&".join("password=***" if q.lower().startswith("password=") else q
                          for q in parts.query.split("&")) if parts.query else ""
         return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _temperature(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value <= 2:
+        raise ValueError("must be between 0 and 2")
+    return value
 
 
 def _image_types(raw: str) -> tuple[str, ...]:

@@ -33,6 +33,10 @@ class CreateConversationBody(Wire, frozen=True, kw_only=True):
 
     temp: bool = False
     title: str | None = None
+    #: the agent it belongs to (None: the default agent; GET /agentik/agents lists them)
+    agent: str | None = None
+    #: its system prompt in place of its agent's instructions
+    instructions: str | None = None
 
 
 class RenameConversationBody(Wire, frozen=True, kw_only=True):
@@ -68,6 +72,29 @@ class AgentInfo(Wire, frozen=True, kw_only=True):
     capabilities: Capabilities
     current: str
     oldest: str
+
+
+class AgentEntry(Wire, frozen=True, kw_only=True):
+    """One agent of the server (``GET /agentik/agents/{id}``): what a client may show."""
+
+    id: str
+    name: str
+    description: str
+    #: whether its model takes images
+    image_input: bool
+    #: the tools its model may call now (the names the model sees)
+    tools: list[str]
+    #: its A2A agent card (a path on this server)
+    card_url: str
+    #: whether it is the default agent (a conversation created without one belongs to it)
+    default: bool = False
+
+
+class AgentList(Wire, frozen=True, kw_only=True):
+    """``GET /agentik/agents``: the agents in the agents file's order."""
+
+    agents: list[AgentEntry]
+    default: str
 
 
 class CursorPair(Wire, frozen=True, kw_only=True):
@@ -185,6 +212,8 @@ class CreateConversation(Tagged, frozen=True, kw_only=True, tag="create"):
     id: str
     temp: bool = False
     title: str | None = None
+    agent: str | None = None
+    instructions: str | None = None
     #: like the Idempotency-Key header of ``POST /agentik/conversations``
     idempotency_key: str | None = None
 

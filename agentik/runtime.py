@@ -1,6 +1,7 @@
 """open_runtime(): the root supervisor, above the actors and the in-process Agent API.
 
-Start order: storage (and its hub) -> start-up recovery -> tools -> registry. Shutdown runs the
+Start order: the agents (the agents file, each agent's backend loaded: once per distinct backend)
+-> storage (and its hub) -> start-up recovery -> tools -> registry. Shutdown runs the
 other way round: the registry's nursery is cancelled first and awaited, so every running turn
 stores its terminal record while storage is still up; only then is storage stopped.
 """
@@ -8,22 +9,25 @@ stores its terminal record while storage is still up; only then is storage stopp
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 
 import trio
 
-from agentik.actors.deps import Deps
+from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.registry import Registry
 from agentik.agent import LocalAgent
 from agentik.cluster import Peers
 from agentik.config import Config
 from agentik.errors import ConfigError, LlmError
 from agentik.llm.base import LiteLlm, ModelHealth, Surveyed
+from agentik.profiles import AgentsFileError, Profile, Profiles, parse_profiles, single
 from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
-from agentik.tools.base import NoTools, ToolRegistry
+from agentik.tools.base import AllowedTools, NoTools, ToolRegistry
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +56,15 @@ async def open_runtime(
 ) -> AsyncIterator[LocalAgent]:
     """Run agentik in-process: ``async with open_runtime(cfg) as agent``.
 
-    ``llm`` and ``tools`` override the configured backend and tool registry (an embedding program
-    can bring its own, e.g. :class:`agentik.testing.FunctionLlm`); a given ``llm`` is not closed
-    here. Raises ConfigError or StorageError at start-up.
+    ``llm`` and ``tools`` override the configured backends and tool registry (an embedding
+    program can bring its own, e.g. :class:`agentik.testing.FunctionLlm`): a given ``llm``
+    answers for every agent and is not closed here; each agent sees its allowed part of
+    ``tools``. Raises ConfigError (AgentsFileError: the agents file) or StorageError at start-up.
     """
     config = config or Config.from_env()
-    the_llm = await _open_llm(config) if llm is None else llm
+    profiles = await load_profiles(config)
+    llms, owned = await open_backends(config, profiles) if llm is None else (
+        dict.fromkeys(profiles.ids, llm), [])
     try:
         async with _unwrap_single(), trio.open_nursery() as root:
             # Storage runs shielded and is stopped explicitly, last: when the caller is
@@ -68,14 +75,9 @@ async def open_runtime(
             try:
                 await _recover(storage)
                 the_tools = tools if tools is not None else await _start_tools(config, root)
-                model = ModelHealth()
-                if not model_configured(config) and llm is None:
-                    # said once the runtime has started: a start-up failure stays one line
-                    log.warning(NO_MODEL)
-                    model.error, model.checked = NO_MODEL, True  # nothing to ask
-                elif isinstance(the_llm, Surveyed):
-                    await root.start(_watch_model, the_llm, model)
-                deps = Deps(config=config, storage=storage, llm=the_llm, tools=the_tools,
+                model = await _default_model_health(config, profiles, llms, llm is not None, root)
+                deps = Deps(config=config, storage=storage, profiles=profiles,
+                            agents=_agents(profiles, llms, the_tools), tools=the_tools,
                             model=model)
                 peers = Peers(config)  # clients of the other cluster nodes, closed last
                 try:
@@ -102,9 +104,67 @@ async def open_runtime(
                 storage_scope.cancel()
                 root.cancel_scope.cancel()
     finally:
-        if llm is None:
-            with trio.CancelScope(shield=True):
-                await the_llm.aclose()
+        with trio.CancelScope(shield=True):
+            for backend in owned:
+                await backend.aclose()
+
+
+async def load_profiles(config: Config) -> Profiles:
+    """The server's agents: the agents file's (``config.agents_path``), checked against mcp.json
+    and the environment, else the one ``default`` agent. Raises ConfigError (AgentsFileError
+    naming each mistake's agent and field)."""
+    path = config.agents_path
+    if not path:
+        return single(config)
+    try:
+        text = await trio.Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AgentsFileError([f"cannot read {path!r}: {exc}"]) from None
+    servers: list[str] | None = None
+    if config.mcp_config:
+        from agentik.tools.config import load_mcp_config
+
+        servers = list(await load_mcp_config(config.mcp_config))
+    return parse_profiles(text, config, mcp_servers=servers, env=os.environ,
+                          is_file=os.path.isfile, base_dir=Path(path).parent)
+
+
+async def open_backends(
+    config: Config, profiles: Profiles
+) -> tuple[dict[str, LiteLlm], list[LiteLlm]]:
+    """Each agent's backend, loaded, and the distinct backends (to close): agents with equal
+    backend settings share one (two LiteRT agents on one file load it once). Raises
+    ConfigError naming the agent whose backend cannot be made."""
+    made: dict[Config, LiteLlm] = {}
+    by_agent: dict[str, LiteLlm] = {}
+    try:
+        for profile in profiles.agents:
+            settings = profile.llm_config(config)
+            if settings not in made:
+                try:
+                    made[settings] = await _open_llm(settings)
+                except ConfigError as exc:
+                    if config.agents_path:
+                        raise AgentsFileError([f"agent {profile.id!r}: {exc}"]) from exc
+                    raise
+            by_agent[profile.id] = made[settings]
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            for backend in made.values():
+                await backend.aclose()
+        raise
+    return by_agent, list(made.values())
+
+
+def _agents(
+    profiles: Profiles, llms: Mapping[str, LiteLlm], tools: ToolRegistry
+) -> dict[str, AgentDeps]:
+    def allowed(profile: Profile) -> ToolRegistry:
+        if profile.mcp_servers is None and profile.tools is None:
+            return tools
+        return AllowedTools(tools, profile.allows_tool)
+
+    return {p.id: AgentDeps(p, llms[p.id], allowed(p)) for p in profiles.agents}
 
 
 async def _open_llm(config: Config) -> LiteLlm:
@@ -140,6 +200,23 @@ RECHECK_ANSWERING, RECHECK_SILENT = 60.0, 10.0
 #: the longest start-up waits for the first answer (so the window the server names budgets the
 #: first turn); a server that takes longer is asked on in the background
 FIRST_SURVEY_WAIT = 1.0
+
+
+async def _default_model_health(
+    config: Config, profiles: Profiles, llms: Mapping[str, LiteLlm], given: bool,
+    nursery: trio.Nursery,
+) -> ModelHealth:
+    """Whether the default agent's model answers (/readyz), asked now and then in ``nursery``;
+    a given backend (``given``) is asked too when it can be."""
+    model = ModelHealth()
+    the_llm = llms[profiles.default]
+    if not model_configured(profiles.get(None).llm_config(config)) and not given:
+        # said once the runtime has started: a start-up failure stays one line
+        log.warning(NO_MODEL)
+        model.error, model.checked = NO_MODEL, True  # nothing to ask
+    elif isinstance(the_llm, Surveyed):
+        await nursery.start(_watch_model, the_llm, model)
+    return model
 
 
 async def _watch_model(

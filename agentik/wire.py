@@ -143,6 +143,8 @@ class ConversationRecord(Wire, frozen=True, kw_only=True):
     created_at: float
     updated_at: float
     seq: int
+    agent: str = "default"  # its agent (docs/AGENTS.md); one stored before agents: default
+    instructions: str | None = None  # given at creation in place of its agent's
 
 
 # --- working memory (what the model sees; stored as payloads) ------------------------------------

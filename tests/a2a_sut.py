@@ -116,7 +116,9 @@ class ScriptedExecutor:
     def check(self, message: Message) -> None:
         pass  # every message is welcome: the scenario decides
 
-    async def conversation(self, context_id: str, previous: str | None) -> str | None:
+    async def conversation(
+        self, context_id: str, previous: str | None, agent: str | None = None
+    ) -> str | None:
         return None
 
     async def execute(self, request: RequestContext, updater: TaskUpdater) -> None:

@@ -491,9 +491,10 @@ async def test_a_conversation_deleted_before_the_tasks_first_store_is_a_clear_er
         async def delete(cid: str) -> None:
             assert (await rpc.http.delete(f"/agentik/conversations/{cid}")).status_code == 204
 
-        async def looked_up(context_id: str, previous: str | None) -> str | None:
+        async def looked_up(context_id: str, previous: str | None,
+                            for_agent: str | None = None) -> str | None:
             del executor.conversation  # once
-            cid = await executor.conversation(context_id, previous)
+            cid = await executor.conversation(context_id, previous, for_agent)
             assert cid is not None and cid == previous
             await delete(cid)
             return cid
@@ -512,9 +513,10 @@ async def test_a_conversation_deleted_before_the_tasks_first_store_is_a_clear_er
             await delete(cid)
             return conversation
 
-        async def lookup_then_handle(context_id: str, previous: str | None) -> str | None:
+        async def lookup_then_handle(context_id: str, previous: str | None,
+                                     for_agent: str | None = None) -> str | None:
             del executor.conversation  # the lookup reads the handle too: the next read
-            cid = await executor.conversation(context_id, previous)
+            cid = await executor.conversation(context_id, previous, for_agent)
             agent.get_conversation = handle
             return cid
 

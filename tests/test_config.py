@@ -25,7 +25,8 @@ EVERY_VARIABLE = {
     "AGENTIK_LLM_MAX_RETRIES": "0", "AGENTIK_CONTEXT_WINDOW": "8192",
     "AGENTIK_LITERT_MODEL_PATH": "/m.litertlm", "AGENTIK_LITERT_THREADS": "4",
     "AGENTIK_LITERT_MAX_CONCURRENCY": "3", "AGENTIK_LITERT_MAX_OUTPUT_TOKENS": "256",
-    "AGENTIK_MCP_CONFIG": "/mcp.json", "AGENTIK_TOKENS": "a, b,,c", "AGENTIK_OUTBOX_CAP": "10",
+    "AGENTIK_MCP_CONFIG": "/mcp.json", "AGENTIK_AGENTS": "/agents.toml",
+    "AGENTIK_TEMPERATURE": "0.5", "AGENTIK_TOKENS": "a, b,,c", "AGENTIK_OUTBOX_CAP": "10",
     "AGENTIK_OUTBOX_TTL": "60", "AGENTIK_IDLE_TIMEOUT": "1.5", "AGENTIK_MAILBOX_SIZE": "3",
     "AGENTIK_TOOL_TIMEOUT": "2.5", "AGENTIK_TOOL_RESULT_CAP": "1000",
     "AGENTIK_MAX_TOOL_ROUNDS": "4", "AGENTIK_SQLITE_SYNCHRONOUS": "normal",
@@ -71,6 +72,7 @@ def test_reads_every_variable() -> None:
     assert (cfg.llm_timeout, cfg.llm_max_retries, cfg.context_window) == (7.5, 0, 8192)
     assert cfg.litert_model_path == "/m.litertlm" and cfg.litert_threads == 4
     assert (cfg.litert_max_concurrency, cfg.litert_max_output_tokens) == (3, 256)
+    assert cfg.agents_path == "/agents.toml" and cfg.temperature == 0.5
     assert cfg.mcp_config == "/mcp.json" and cfg.tokens == ("a", "b", "c")
     assert (cfg.outbox_cap, cfg.outbox_ttl, cfg.idle_timeout, cfg.mailbox_size) == (10, 60.0, 1.5, 3)
     assert (cfg.tool_timeout, cfg.tool_result_cap, cfg.max_tool_rounds) == (2.5, 1000, 4)

@@ -29,8 +29,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.content: what a message's content may hold (the image rules), pure
     "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics", "agentik.api",
               "agentik.ids", "agentik.content"),
-    # agentik.users / agentik.limits: principals and per-user limits, pure like the config
-    "config": ("agentik.config", "agentik.config_values", "agentik.users", "agentik.limits"),
+    # agentik.users / agentik.limits: principals and per-user limits, pure like the config;
+    # agentik.profiles: the agents file, parsed and checked (pure, beside the settings)
+    "config": ("agentik.config", "agentik.config_values", "agentik.users", "agentik.limits",
+               "agentik.profiles"),
     "context": ("agentik.context",),
     # agentik.storage: the shared core (ops, types, reads, hub, committer, health); its engines
     # below it, each with its own SQL; storage.actor opens one of them (the only module that

@@ -32,7 +32,8 @@ TRICKY = ['plain', '"seq":0, "offset":0', 'a\\"seq\\":0', 'ünïcödé ☃ \n\t\
 
 def _plan(conversation_id: str = 'c"seq":0') -> Plan:
     p = Plan(epoch='e"offset":0', now=1234.5)
-    p.conv[conversation_id] = Conv(conversation_id, "title", False, 1.0, 2.0, 7, None, True, 3)
+    p.conv[conversation_id] = Conv(conversation_id, "title", False, 1.0, 2.0, 7, None, True, 3,
+                                   "default", None)
     return p
 
 

@@ -111,7 +111,7 @@ def test_a_compaction_is_stored_when_its_range_holds_its_summary_alone() -> None
 
 def _plan(found: Found | None) -> Plan:
     p = Plan(epoch="e", now=5.0)
-    p.conv["c1"] = Conv("c1", None, False, 1.0, 2.0, 7, None, True, 3)
+    p.conv["c1"] = Conv("c1", None, False, 1.0, 2.0, 7, None, True, 3, "default", None)
     p.found = found
     return p
 

@@ -20,8 +20,9 @@ the request with that error. ``cancel(request, updater)`` asks a running executi
 returns whether ``execute`` will end by itself (else the facade cancels it at once); the task
 ends CANCELED unless the executor reported another terminal state first.
 ``check(message)`` refuses a message the agent would refuse (raising an A2AError) before its
-task is stored; ``conversation(context_id, previous)`` names the conversation a context runs in (``previous``:
-the one its latest task used, None for a new context); None when the executor has none.
+task is stored; ``conversation(context_id, previous, agent)`` names the conversation a context runs
+in (``previous``: the one its latest task used, None for a new context; ``agent``: the agent whose
+endpoint the message came to, None for the default one); None when the executor has none.
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ class Executor(Protocol):
         does not take), before any task of it is stored."""
         ...
 
-    async def conversation(self, context_id: str, previous: str | None) -> str | None: ...
+    async def conversation(
+        self, context_id: str, previous: str | None, agent: str | None = None
+    ) -> str | None: ...
 
     async def execute(self, request: RequestContext, updater: TaskUpdater) -> None: ...
 

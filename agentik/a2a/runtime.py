@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING
 import trio
 
 from agentik.a2a import errors as e
+from agentik.a2a.cards import card_info_for
 from agentik.a2a.executor import RequestContext, TaskUpdater
 from agentik.a2a.service import A2AService
 from agentik.a2a.store import TaskStore
 from agentik.a2a.types import Message, Part
-from agentik.a2a.web import A2AMount, CardInfo, mount, skills_of
+from agentik.a2a.web import A2AMount, CardInfo, mount
 from agentik.content import check_image
 from agentik.errors import (
     AgentikError,
@@ -144,11 +145,23 @@ class AgentikExecutor:
                 except InvalidInputError as exc:
                     raise e.invalid_params(str(exc)) from None
 
-    async def conversation(self, context_id: str, previous: str | None) -> str | None:
-        if previous is not None and await self.agent.get_conversation(previous) is not None:
-            return previous
-        conversation = await self.agent.create_conversation(title=f"A2A {context_id}")
-        return conversation.id
+    async def conversation(
+        self, context_id: str, previous: str | None, agent: str | None = None
+    ) -> str | None:
+        """The context's conversation; a new one belongs to ``agent``. A context belongs to the
+        agent it was started with: its messages to another agent's endpoint are refused."""
+        wanted = self.agent.get_agent(agent).id
+        if previous is not None:
+            conversation = await self.agent.get_conversation(previous)
+            if conversation is not None:
+                owner = self.agent.agent_of(conversation.agent)
+                if owner != wanted:
+                    raise e.invalid_params(
+                        f"context {context_id!r} belongs to agent {owner!r}: send its messages "
+                        f"to /a2a/{owner}")
+                return previous
+        made = await self.agent.create_conversation(title=f"A2A {context_id}", agent=wanted)
+        return made.id
 
     async def cancel(self, request: RequestContext, updater: TaskUpdater) -> bool:
         """A running turn is interrupted (the execution ends by itself, CANCELED with what was
@@ -345,24 +358,6 @@ class AgentikExecutor:
                 return
 
 
-def card_info_for(agent: LocalAgent) -> CardInfo:
-    config = agent.config
-    return CardInfo(
-        name=config.agent_name, description=config.agent_description,
-        version=_version(), skills=skills_of(agent.tools.specs()),
-        bearer_auth=bool(config.tokens),
-    )
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("agentik")
-    except PackageNotFoundError:  # pragma: no cover - running from a checkout
-        return "0"
-
-
 async def run_a2a(
     mount: A2AMount, agent: LocalAgent, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -391,6 +386,9 @@ def mount_agentik(app: Quart, st: WebState, *, heartbeat: float = 15.0) -> A2AMo
     def card_info() -> CardInfo:
         return card_info_for(st.require_agent())
 
-    a2a = mount(app, card_info, heartbeat=heartbeat)
+    def agent_card_info(agent_id: str) -> CardInfo:
+        return card_info_for(st.require_agent(), agent_id)
+
+    a2a = mount(app, card_info, heartbeat=heartbeat, agent_card_info=agent_card_info)
     st.services.append(partial(run_a2a, a2a))
     return a2a

@@ -136,20 +136,21 @@ class A2AService:
             if why is not None:
                 raise e.invalid_params(f"message.parts[{i}]: {why}")
 
-    async def _conversation_for(self, context_id: str) -> str | None:
+    async def _conversation_for(self, context_id: str, agent: str | None) -> str | None:
         async with self._bind_lock:
             if context_id in self._contexts:
                 previous = self._contexts[context_id]
             else:
                 _, previous = await self.store.context_conversation(context_id)
-            conversation = await self.executor.conversation(context_id, previous)
+            conversation = await self.executor.conversation(context_id, previous, agent)
             if len(self._contexts) > 10_000:
                 self._contexts.clear()
             self._contexts[context_id] = conversation
             return conversation
 
-    async def start(self, params: SendMessageParams) -> Run:
-        """Validate a message and start its execution. Raises A2AError."""
+    async def start(self, params: SendMessageParams, agent: str | None = None) -> Run:
+        """Validate a message and start its execution, a new context's with ``agent`` (None:
+        the default one). Raises A2AError."""
         message = params.message
         self._check_message(message)
         self.executor.check(message)
@@ -162,7 +163,7 @@ class A2AService:
             run = await self._follow_up(message)
         else:
             context_id = message.context_id or new_id()
-            conversation = await self._conversation_for(context_id)
+            conversation = await self._conversation_for(context_id, agent)
             task_id = new_id()
             request = RequestContext(
                 message=msgspec.structs.replace(message, context_id=context_id, task_id=task_id),
@@ -256,10 +257,12 @@ class A2AService:
         elif run.error is None:
             run.error = e.error(e.INTERNAL_ERROR, why)
 
-    async def send(self, params: SendMessageParams) -> SendMessageResponse:
+    async def send(
+        self, params: SendMessageParams, agent: str | None = None
+    ) -> SendMessageResponse:
         """SendMessage: waits for the task's final word (terminal or input required) unless
         ``returnImmediately``."""
-        run = await self.start(params)
+        run = await self.start(params, agent)
         config = params.configuration
         if config is not None and config.return_immediately:
             await run.ready.wait()
@@ -276,10 +279,12 @@ class A2AService:
             task=trim_task(stored.task, config.history_length if config else None)
         )
 
-    async def open_stream(self, params: SendMessageParams) -> AsyncIterator[bytes]:
+    async def open_stream(
+        self, params: SendMessageParams, agent: str | None = None
+    ) -> AsyncIterator[bytes]:
         """SendStreamingMessage. Raises A2AError before anything is streamed; then yields the
         StreamResponse JSON of each event until the task's final word."""
-        run = await self.start(params)
+        run = await self.start(params, agent)
         await run.ready.wait()
         if run.snapshot is None:
             if run.reply is not None:

@@ -3,7 +3,9 @@ methods), as one Quart blueprint that any app mounts with :func:`mount` (agentik
 the TCK's system under test in ``tests/a2a_sut.py``).
 
 - ``GET /.well-known/agent-card.json``: public; ``Cache-Control``, ``ETag`` (``If-None-Match``
-  gives 304) and ``Last-Modified``.
+  gives 304) and ``Last-Modified``. With ``agent_card_info`` (a server of several agents,
+  docs/AGENTS.md), ``GET /a2a/{agent_id}/.well-known/agent-card.json`` is each agent's card, whose
+  JSON-RPC URL is ``POST /a2a/{agent_id}``; the unprefixed ones are the default agent's.
 - ``POST /a2a`` and ``POST /a2a/`` (the same handler, no redirect: a redirect loses the body):
   JSON-RPC. Checked in this order: Content-Type (-32005), JSON (-32700), envelope (-32600),
   ``A2A-Version`` (-32009; empty or missing means 0.3), method (-32601), params (-32602).
@@ -48,7 +50,7 @@ from agentik.a2a.types import (
     encode,
     valid_rpc_id,
 )
-from agentik.errors import A2AError, AgentikError
+from agentik.errors import A2AError, AgentikError, NotFoundError
 from agentik.llm.base import ToolSpec
 from agentik.sse import SSE_TYPE, PumpBody, frame
 
@@ -87,6 +89,8 @@ class A2AMount:
 
     card_info: Callable[[], CardInfo]
     service: A2AService | None = None
+    #: one agent's card (raises NotFoundError for an unknown id); None: one agent only
+    agent_card_info: Callable[[str], CardInfo] | None = None
     heartbeat: float = 15.0
     started: str = field(default_factory=lambda: email.utils.formatdate(usegmt=True))
     #: open SSE streams (tests wait on it to see a disconnect released everything)
@@ -98,9 +102,12 @@ class A2AMount:
         return self.service
 
 
-def mount(app: Quart, card_info: Callable[[], CardInfo], *, heartbeat: float = 15.0) -> A2AMount:
+def mount(
+    app: Quart, card_info: Callable[[], CardInfo], *, heartbeat: float = 15.0,
+    agent_card_info: Callable[[str], CardInfo] | None = None,
+) -> A2AMount:
     """Register the A2A routes on ``app``; the caller sets ``.service`` while it serves."""
-    state = A2AMount(card_info=card_info, heartbeat=heartbeat)
+    state = A2AMount(card_info=card_info, heartbeat=heartbeat, agent_card_info=agent_card_info)
     cast(Any, app).agentik_a2a = state
     app.register_blueprint(bp)
     return state
@@ -132,8 +139,25 @@ def build_card(info: CardInfo, rpc_url: str) -> AgentCard:
 
 @bp.get(CARD_PATH)
 async def agent_card() -> Response:
+    return _card(_state().card_info(), RPC_PATH)
+
+
+@bp.get(RPC_PATH + "/<agent_id>" + CARD_PATH)
+async def one_agent_card(agent_id: str) -> Response:
+    return _card(_agent_card_info(agent_id), f"{RPC_PATH}/{agent_id}")
+
+
+def _agent_card_info(agent_id: str) -> CardInfo:
+    """Raises NotFoundError (404) for an agent this server does not have."""
     st = _state()
-    body = encode(build_card(st.card_info(), request.host_url.rstrip("/") + RPC_PATH))
+    if st.agent_card_info is None:
+        raise NotFoundError(f"agent {agent_id!r} not found")
+    return st.agent_card_info(agent_id)
+
+
+def _card(info: CardInfo, rpc_path: str) -> Response:
+    st = _state()
+    body = encode(build_card(info, request.host_url.rstrip("/") + rpc_path))
     tag = hashlib.sha256(body).hexdigest()[:32]
     headers = {
         "Cache-Control": f"public, max-age={CARD_MAX_AGE}",
@@ -179,7 +203,11 @@ def _check_version() -> None:
                       f"A2A version {version!r} is not supported (this agent speaks 1.0)")
 
 
-async def rpc() -> Response:
+async def rpc(agent_id: str | None = None) -> Response:
+    """One JSON-RPC request, to the default agent or to ``agent_id``'s endpoint (an unknown one
+    is a 404, before the body is read)."""
+    if agent_id is not None:
+        _agent_card_info(agent_id)
     g.agentik_body_read = True
     request_id: Any = None
     try:
@@ -205,7 +233,7 @@ async def rpc() -> Response:
         if not isinstance(method, str) or not method:
             raise e.error(e.INVALID_REQUEST, "method must be a non-empty string")
         _check_version()
-        return await _dispatch(request_id, method, envelope.get("params"))
+        return await _dispatch(request_id, method, envelope.get("params"), agent_id)
     except A2AError as exc:
         return _error(request_id, exc)
     except AgentikError as exc:
@@ -219,15 +247,17 @@ async def rpc() -> Response:
 
 bp.add_url_rule(RPC_PATH, "rpc", rpc, methods=["POST"])
 bp.add_url_rule(RPC_PATH + "/", "rpc_slash", rpc, methods=["POST"])
+bp.add_url_rule(RPC_PATH + "/<agent_id>", "rpc_agent", rpc, methods=["POST"])
+bp.add_url_rule(RPC_PATH + "/<agent_id>/", "rpc_agent_slash", rpc, methods=["POST"])
 
 
-async def _dispatch(request_id: Any, method: str, raw: Any) -> Response:
+async def _dispatch(request_id: Any, method: str, raw: Any, agent: str | None) -> Response:
     st = _state()
     if method == "SendMessage":
-        result: Any = await st.require().send(_params(raw, SendMessageParams))
+        result: Any = await st.require().send(_params(raw, SendMessageParams), agent=agent)
     elif method == "SendStreamingMessage":
         params = _params(raw, SendMessageParams)
-        return _sse(st, request_id, await st.require().open_stream(params))
+        return _sse(st, request_id, await st.require().open_stream(params, agent=agent))
     elif method == "SubscribeToTask":
         params = _params(raw, TaskIdParams)
         return _sse(st, request_id, await st.require().subscribe(params.id))

@@ -65,6 +65,8 @@ class ConversationActor(TurnEndings):
     def __init__(self, handle: ConversationHandle) -> None:
         self.h = handle
         self.deps = handle.deps
+        #: the conversation's agent: its backend and the tools it may use
+        self.agent = handle.agent
         #: read once, then kept in step with this actor's writes (all through memory.write)
         self.memory = WorkingMemory(handle.deps.storage, handle.conversation_id,
                                     handle.take_memory())
@@ -204,7 +206,7 @@ class ConversationActor(TurnEndings):
         (see ``turn.calls_not_stored``), so the ending records only what was stored."""
         deps = self.deps
         self.online(Working(turn_id=turn.turn_id))
-        tools = tuple(self.deps.tools.specs())
+        tools = tuple(self.agent.tools.specs())
         if self.llm_conv is not None and tools != self.llm_tools:
             # MCP servers connect and change their tool lists in the background, and a session
             # is opened with a fixed tool list, so a changed list means a new session.
@@ -288,7 +290,7 @@ class ConversationActor(TurnEndings):
     # --- context (docs/CONTEXT.md; the decisions are agentik.context's) ----------------
 
     def _budget(self) -> ctx.Budget | None:
-        llm = self.deps.llm
+        llm = self.agent.llm
         if not llm.context_window:
             return None
         return ctx.make_budget(llm.context_window, exact=llm.exact_tokens,
@@ -310,12 +312,11 @@ class ConversationActor(TurnEndings):
         the engine keeps its KV cache). Returns the round's output budget. Raises _TooBig.
         This is also what recovers a conversation an earlier version let outgrow the window:
         its next round, after a cold load too, compacts it."""
-        deps = self.deps
         for attempt in range(3):
             items = await self.memory.items()
             budget = self._budget()
             plain = [item for _, item in items]
-            counts = await deps.llm.count_tokens(plain) if budget else [0] * len(plain)
+            counts = await self.agent.llm.count_tokens(plain) if budget else [0] * len(plain)
             decision = ctx.decide(items, counts, budget, force=force and attempt == 0)
             if ctx.last_resort(decision, attempt):
                 decision = ctx.decide(items, counts, budget, force=True, summarise=False)
@@ -324,12 +325,12 @@ class ConversationActor(TurnEndings):
                     extra = reported - decision.tokens
                     decision = dataclasses.replace(
                         decision, tokens=reported, message_tokens=decision.message_tokens + extra)
-                raise _TooBig(ctx.too_big_message(decision, exact=deps.llm.exact_tokens),
+                raise _TooBig(ctx.too_big_message(decision, exact=self.agent.llm.exact_tokens),
                               compaction.turn_start(items))
             if isinstance(decision, ctx.Fits):
                 if self.llm_conv is None:
                     history, results = compaction.session_history(plain, first_round=first_round)
-                    conv = await deps.llm.open(history, list(tools))
+                    conv = await self.agent.llm.open(history, list(tools))
                     for result in results:
                         conv.add_tool_result(result.call_id, result.name, result.content)
                     self.llm_conv, self.llm_tools = conv, tools
@@ -344,7 +345,7 @@ class ConversationActor(TurnEndings):
         """Replace the plan's old turns by the model's summary, or drop them without one when it
         cannot be made or does not fit (see compaction.py, summary.py)."""
         cid = self.h.conversation_id
-        text = await summary.make_summary(self.deps.llm, cid, plan, budget)
+        text = await summary.make_summary(self.agent.llm, cid, plan, budget)
         await self.memory.write(compaction.compact_op(cid, plan, text))
 
     async def _run_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
@@ -357,7 +358,7 @@ class ConversationActor(TurnEndings):
         timeout = self.deps.config.tool_timeout
         try:
             with trio.fail_after(timeout):
-                outcome = await self.deps.tools.call(call.name, arguments)
+                outcome = await self.agent.tools.call(call.name, arguments)
         except trio.TooSlowError:
             return logic.tool_failure(state, call, f"tool {call.name!r} timed out after {timeout:g} s")
         except ToolError as exc:

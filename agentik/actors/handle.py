@@ -20,7 +20,7 @@ import trio
 
 from agentik import metrics
 from agentik.actors import turn as logic
-from agentik.actors.deps import Deps
+from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.messages import MailboxMessage, Turn
 from agentik.errors import (
     BusyError,
@@ -62,6 +62,8 @@ class Keeper(Protocol):
 class ConversationHandle:
     conversation_id: str
     deps: Deps
+    #: the agent the conversation belongs to: its backend, tools and busy policy
+    agent: AgentDeps
     keeper: Keeper
     mailbox: trio.MemorySendChannel[MailboxMessage]
     inbox: trio.MemoryReceiveChannel[MailboxMessage]
@@ -104,7 +106,7 @@ class ConversationHandle:
         """Queue a turn and store its user message. Returns the message id once durable (for a
         replayed ``idempotency`` key: the first write's id, and nothing runs).
 
-        ``on_busy`` (default ``config.busy_policy``) decides what a send to a busy conversation
+        ``on_busy`` (default: the agent's busy policy) decides what a send to a busy conversation
         does: ``queue`` waits its turn, ``reject`` raises BusyError and stores nothing,
         ``interrupt`` interrupts the running turn and queues this one.
 
@@ -116,7 +118,7 @@ class ConversationHandle:
             raise ConversationFailedError(
                 f"conversation {self.conversation_id!r} crashed too often and takes no more turns"
             )
-        policy = on_busy or self.deps.config.busy_policy
+        policy = on_busy or self.agent.profile.busy_policy
         busy = self.busy()
         if busy and policy == "reject":
             metrics.BUSY_REJECTIONS.inc()

@@ -16,7 +16,7 @@ from functools import partial
 import trio
 
 from agentik import metrics
-from agentik.actors.deps import Deps
+from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.handle import ConversationHandle, HandleClosed
 from agentik.actors.messages import MailboxMessage, Turn
 from agentik.actors.supervisor import supervise
@@ -55,10 +55,11 @@ class Registry:
         self._unsettled: dict[str, tuple[list[ops.AnyOp], trio.Event]] = {}
 
     async def _start(
-        self, conversation_id: str, memory: list[tuple[int, WorkingItem]] | None = None
+        self, conversation_id: str, agent: AgentDeps,
+        memory: list[tuple[int, WorkingItem]] | None = None,
     ) -> ConversationHandle:
-        """Start the conversation's actor; ``memory``: its working memory when known (a
-        conversation just created: its first turn then reads none)."""
+        """Start the conversation's actor for its ``agent``; ``memory``: its working memory when
+        known (a conversation just created: its first turn then reads none)."""
         await self._settled(conversation_id)
         leases = self.deps.storage.leases
         if leases is not None:  # a PostgreSQL cluster: own it first (NotOwnerError if not ours)
@@ -68,7 +69,8 @@ class Registry:
             max(self.deps.config.mailbox_size, len(queued)))
         for turn in queued:  # before any send can queue behind them: they came first
             send.send_nowait(turn)
-        handle = ConversationHandle(conversation_id, self.deps, self, send, recv, memory=memory)
+        handle = ConversationHandle(conversation_id, self.deps, agent, self, send, recv,
+                                    memory=memory)
         handle.waiting.update((turn.turn_id, turn) for turn in queued)  # cancel_turn finds them
         self.live[conversation_id] = handle
         metrics.LIVE_CONVERSATIONS.inc()
@@ -106,28 +108,33 @@ class Registry:
                      conversation_id, exc, extra={"conversation_id": conversation_id})
 
     async def create(
-        self, *, temp: bool, title: str | None = None, idempotency: ops.Idempotency | None = None
+        self, *, temp: bool, title: str | None = None, idempotency: ops.Idempotency | None = None,
+        agent: str | None = None, instructions: str | None = None,
     ) -> ConversationRecord:
-        """Store a new conversation (with its system prompt, atomically) and start its actor. A
-        replayed ``idempotency`` key returns the conversation its first write made. Raises
-        StorageError, IdempotencyKeyReusedError, NotFoundError (replay of a deleted one)."""
+        """Store a new conversation of ``agent`` (None: the default one) with its system prompt
+        (``instructions``, else its agent's), atomically, and start its actor. A replayed
+        ``idempotency`` key returns the conversation its first write made. Raises StorageError,
+        IdempotencyKeyReusedError, NotFoundError (an unknown agent; replay of a deleted one)."""
+        profile = self.deps.profiles.get(agent)
         if idempotency is not None:
             replayed = await self._replayed(idempotency)
             if replayed is not None:
                 return await self._replayed_conversation(replayed)
         conversation_id = new_id()
-        system_prompt = self.deps.config.system_prompt
+        system_prompt = profile.instructions if instructions is None else instructions
         result: ConversationRecord | ops.Replayed = await self.deps.storage.write(
             ops.CreateConversation(
                 conversation_id=conversation_id, title=title, is_temporal=temp,
                 system_prompt=system_prompt, idempotency=idempotency,
+                agent=profile.id, instructions=instructions,
             )
         )
         if isinstance(result, ops.Replayed):
             return await self._replayed_conversation(result.result_id)
         # Its working memory is what that write stored: the system prompt, the first item
         # (order_idx 1 in both writers), so the actor need not read it back (issue 13).
-        await self._start(conversation_id, memory=[(1, SystemItem(text=system_prompt))])
+        await self._start(conversation_id, self.deps.agents[profile.id],
+                          memory=[(1, SystemItem(text=system_prompt))])
         return result
 
     async def _replayed(self, idem: ops.Idempotency) -> str | None:
@@ -163,7 +170,8 @@ class Registry:
             record = await self.deps.storage.reader.get_conversation(conversation_id)
             if record is None:
                 return None
-            return await self._start(conversation_id)
+            return await self._start(
+                conversation_id, self.deps.agent_of(record.agent, conversation_id))
         finally:
             del self._loading[conversation_id]
             event.set()

@@ -107,8 +107,11 @@ class OpenAiLlm:
         context_window: int | None = None,
         supports_images: bool = True,
         max_output_tokens: int | None = None,
+        temperature: float | None = None,
     ) -> None:
         self.base_url = base_url
+        #: sent with every request when set (the agent's temperature)
+        self.temperature = temperature
         self.model = model
         self.timeout = timeout
         self.max_retries = max_retries
@@ -147,6 +150,7 @@ class OpenAiLlm:
             max_retries=cfg.llm_max_retries,
             context_window=cfg.context_window or None,
             max_output_tokens=cfg.max_output_tokens or None,
+            temperature=cfg.temperature,
         )
 
     @property
@@ -360,6 +364,8 @@ class OpenAiConversation:
             body["tools"] = self.tools
         if max_output_tokens is not None:
             body["max_completion_tokens"] = max_output_tokens
+        if self._llm.temperature is not None:
+            body["temperature"] = self._llm.temperature
         return body
 
 

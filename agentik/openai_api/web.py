@@ -122,9 +122,8 @@ async def openai_shaped(response: Response) -> Response:
 
 
 def model_ids() -> list[str]:
-    """Each agent of the server is a model (its id the agent's id)."""
-    state().require_agent()
-    return ["default"]
+    """Each agent of the server is a model (its id the agent's id; docs/AGENTS.md)."""
+    return [entry.id for entry in state().require_agent().agents().agents]
 
 
 def check_model(name: str) -> str:
@@ -182,10 +181,15 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
     origin = "chat.completions"
     if given is None and chat_id:
         conv = await agent.create_conversation(title=f"Open WebUI chat {chat_id[:100]}",
-                                               idempotency_key=f"openwebui-chat:{chat_id[:200]}")
+                                               idempotency_key=f"openwebui-chat:{chat_id[:200]}",
+                                               agent=req.model)
         given = conv.id
     if given is not None:
         snapshot = await agent.chat_snapshot(given)
+        owner = agent.agent_of(snapshot.conversation.agent)
+        if owner != req.model:
+            raise ConflictError(f"conversation {given!r} belongs to the model (agent) {owner!r}, "
+                                f"not {req.model!r}")
         if not snapshot.messages:  # a fresh one (Open WebUI's first message): seeded
             content, context = chat.seed_content(history, new, origin)
         else:
@@ -200,7 +204,8 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
         run = await service.start_turn(given, content, context, delete_after=False)
         return run, given
     keep = bool(req.store)
-    conv = await agent.create_conversation(temp=not keep, title="OpenAI chat completion")
+    conv = await agent.create_conversation(temp=not keep, title="OpenAI chat completion",
+                                           agent=req.model)
     content, context = chat.seed_content(history, new, origin)
     run = await service.start_turn(conv.id, content, context, delete_after=not keep)
     return run, conv.id if keep else None

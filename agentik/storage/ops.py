@@ -74,6 +74,9 @@ class CreateConversation(Op[ConversationRecord | Replayed], frozen=True, kw_only
     is_temporal: bool
     system_prompt: str
     idempotency: Idempotency | None = None
+    #: the agent it belongs to, and the instructions given in place of its agent's (if any)
+    agent: str = "default"
+    instructions: str | None = None
 
 
 class DeleteConversation(Op[bool], frozen=True, kw_only=True):

@@ -93,7 +93,8 @@ class BatchResult:
 
 
 #: a conversation row's columns, in the order :func:`conversation_of` reads them
-CONVERSATION_COLUMNS = "id, title, is_temporal, created_at, updated_at, seq"
+CONVERSATION_COLUMNS = (
+    "id, title, is_temporal, created_at, updated_at, seq, agent, instructions")
 #: a journal row's columns, in the order :func:`message_of` reads them
 MESSAGE_COLUMNS = "id, seq, conversation_id, created_at, payload"
 #: an A2A task row's columns, in the order :func:`a2a_task_of` reads them
@@ -105,7 +106,7 @@ A2A_TASK_COLUMNS = (
 def conversation_of(row: Sequence[Any]) -> ConversationRecord:
     return ConversationRecord(
         id=row[0], title=row[1], is_temporal=bool(row[2]), created_at=row[3], updated_at=row[4],
-        seq=row[5],
+        seq=row[5], agent=row[6], instructions=row[7],
     )
 
 

@@ -91,3 +91,32 @@ class FunctionTools:
         if isinstance(result, str):
             return ToolOutcome(content=result)
         return ToolOutcome(content=msgspec.json.encode(result).decode(), structured=result)
+
+
+class AllowedTools:
+    """The part of a registry one agent may use (its profile's ``mcp_servers`` and ``tools``
+    patterns): the others are neither offered to its model nor run for it (an unknown tool, as
+    one the model made up). A tool's MCP server is the registry's ``server_of(name)`` where it
+    has one (the MCP registry), else none."""
+
+    def __init__(self, inner: ToolRegistry, allows: Callable[[str, str | None], bool]) -> None:
+        self.inner = inner
+        self._allows = allows
+        self._server_of: Callable[[str], str | None] = getattr(
+            inner, "server_of", lambda name: None)
+        #: the inner list last filtered, and what was kept of it (the MCP registry makes a new
+        #: list on every change, so a turn usually filters nothing)
+        self._seen: Sequence[ToolSpec] | None = None
+        self._kept: list[ToolSpec] = []
+
+    def specs(self) -> Sequence[ToolSpec]:
+        specs = self.inner.specs()
+        if specs is not self._seen:
+            self._kept = [s for s in specs if self._allows(s.name, self._server_of(s.name))]
+            self._seen = specs
+        return self._kept
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+        if not self._allows(name, self._server_of(name)):
+            raise ToolError(f"unknown tool {name!r}")
+        return await self.inner.call(name, arguments)

@@ -69,6 +69,7 @@ QUERY_TOKEN_ENDPOINTS = frozenset({
 PUBLIC_ENDPOINTS = frozenset({
     "agentik_http.readyz",  # readiness, like /healthz: for load balancers and orchestrators
     "agentik_a2a.agent_card",
+    "agentik_a2a.one_agent_card",  # each agent's card (docs/AGENTS.md)
     "agentik_ui.index",
     "agentik_ui.ui",
     "agentik_ui.static_file",

@@ -126,15 +126,13 @@ async def healthz() -> Response:
 @bp.get("/agentik")
 async def info() -> Response:
     agent = state().require_agent()
+    default = agent.get_agent()  # the capabilities of a conversation created without an agent
     return json_response(
         AgentInfo(
             id=agent.id,
             name="agentik",
             version=agentik.__version__,
-            capabilities=Capabilities(
-                image_input=agent.supports_image_input,
-                tools=[spec.name for spec in agent.tools.specs()],
-            ),
+            capabilities=Capabilities(image_input=default.image_input, tools=default.tools),
             current=str(await agent.outbox.current_cursor()),
             oldest=str(await agent.outbox.oldest_cursor()),
         )
@@ -263,8 +261,19 @@ async def create_conversation() -> Response:
     agent = state().require_agent()
     body = await json_body(CreateConversationBody, empty=CreateConversationBody())
     conv = await agent.create_conversation(
-        temp=body.temp, title=body.title, idempotency_key=idempotency_key())
+        temp=body.temp, title=body.title, idempotency_key=idempotency_key(),
+        agent=body.agent, instructions=body.instructions)
     return json_response(conv.record, 201)
+
+
+@bp.get("/agentik/agents")
+async def list_agents() -> Response:
+    return json_response(state().require_agent().agents())
+
+
+@bp.get("/agentik/agents/<agent_id>")
+async def get_agent(agent_id: str) -> Response:
+    return json_response(state().require_agent().get_agent(agent_id))
 
 
 async def _conversation(conversation_id: str) -> Any:

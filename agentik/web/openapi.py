@@ -24,7 +24,9 @@ from agentik.openai_api.types import (
     ModelList,
 )
 from agentik.web.types import (
+    AgentEntry,
     AgentInfo,
+    AgentList,
     ClientFrame,
     CountResult,
     CreateConversationBody,
@@ -85,6 +87,7 @@ def _int(name: str, description: str, minimum: int = 0) -> Param:
 
 
 CID = Param("conversation_id", "path", "conversation id", required=True)
+AGENT_ID = Param("agent_id", "path", "agent id (GET /agentik/agents)", required=True)
 AFTER = Param(
     "after", "query",
     "resume after this cursor `EPOCH:OFFSET`; absent = from the current head (live only)",
@@ -126,7 +129,12 @@ ROUTES: tuple[Route, ...] = (
           errors=(400,)),
     Route("post", "/agentik/conversations", "createConversation",
           "Create a conversation (an empty body means {})", 201, ConversationRecord,
-          body=CreateConversationBody, params=(IDEMPOTENCY_KEY,), errors=(400, 413, 422)),
+          body=CreateConversationBody, params=(IDEMPOTENCY_KEY,), errors=(400, 404, 413, 422)),
+    Route("get", "/agentik/agents", "listAgents",
+          "The server's agents (docs/AGENTS.md) and the default one's id", 200, AgentList),
+    Route("get", "/agentik/agents/{agent_id}", "getAgent",
+          "One agent: name, description, image input, its tools, its A2A card", 200, AgentEntry,
+          params=(AGENT_ID,), errors=(404,)),
     Route("get", "/agentik/conversations/{conversation_id}", "getConversation",
           "One conversation", 200, ConversationRecord, params=(CID,), errors=(404,)),
     Route("patch", "/agentik/conversations/{conversation_id}", "renameConversation",
@@ -187,6 +195,13 @@ ROUTES: tuple[Route, ...] = (
           "A2A v1.0 JSON-RPC 2.0; SSE for SendStreamingMessage and SubscribeToTask; errors are "
           "JSON-RPC error objects with status 200 (see docs/A2A.md)", 200),
     Route("post", "/a2a/", "a2aJsonRpcSlash", "The same A2A endpoint (no redirect)", 200),
+    Route("get", "/a2a/{agent_id}/.well-known/agent-card.json", "a2aOneAgentCard",
+          "One agent's A2A agent card (public; docs/AGENTS.md)", 200, open=True,
+          params=(AGENT_ID,), errors=(404,)),
+    Route("post", "/a2a/{agent_id}", "a2aAgentJsonRpc", "One agent's A2A JSON-RPC endpoint",
+          200, params=(AGENT_ID,), errors=(404,)),
+    Route("post", "/a2a/{agent_id}/", "a2aAgentJsonRpcSlash", "The same endpoint (no redirect)",
+          200, params=(AGENT_ID,), errors=(404,)),
     Route("get", "/v1/models", "openaiListModels",
           "OpenAI-compatible: every agent as a model (see docs/OPENAI.md)", 200, ModelList,
           error_type=ErrorAnswer),

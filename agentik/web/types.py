@@ -2,7 +2,9 @@
 :mod:`agentik.protocol` (importable without quart) and re-exported here for the web layer."""
 
 from agentik.protocol import (
+    AgentEntry,
     AgentInfo,
+    AgentList,
     Capabilities,
     ClientFrame,
     Command,
@@ -45,7 +47,9 @@ from agentik.protocol import (
 )
 
 __all__ = [
+    "AgentEntry",
     "AgentInfo",
+    "AgentList",
     "Capabilities",
     "ClientFrame",
     "Command",

@@ -200,7 +200,8 @@ class Session:
         agent = self.agent
         if isinstance(frame, CreateConversation):
             return (await agent.create_conversation(
-                temp=frame.temp, title=frame.title, idempotency_key=frame.idempotency_key)).record
+                temp=frame.temp, title=frame.title, idempotency_key=frame.idempotency_key,
+                agent=frame.agent, instructions=frame.instructions)).record
         if isinstance(frame, GetConversation):
             conv = await agent.get_conversation(frame.conversation_id)
             if conv is None:

@@ -148,6 +148,7 @@ class LiteRtLlm:
             max_concurrency=concurrency,
             max_output_tokens=max_output,
             context_window=cfg.context_window or None,
+            temperature=cfg.temperature,
         )
 
     @property

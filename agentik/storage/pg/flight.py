@@ -72,7 +72,8 @@ def seed_after(p: Plan, batch: list[ops.AnyOp], after: Flight,
                 p.conv[cid] = None
                 continue
             p.conv[cid] = Conv(cid, conv.title, conv.is_temporal, conv.created_at,
-                               conv.updated_at, None, None, True, conv.max_order)
+                               conv.updated_at, None, None, True, conv.max_order, conv.agent,
+                               conv.instructions)
             known.append((cid, conv, conv.max_order))
             continue
         mem = remembered.get(cid)

@@ -58,12 +58,17 @@ class Conv(msgspec.Struct, frozen=True, gc=False):
     rel: int | None
     in_db: bool
     max_order: int
+    #: the agent it belongs to and its own instructions (set at creation, never changed; no
+    #: default: every copy must carry them on)
+    agent: str
+    instructions: str | None
 
     def record(self, base: int) -> ConversationRecord:
         seq = self.seq if self.rel is None else base + self.rel
         return ConversationRecord(id=self.id, title=self.title, is_temporal=self.is_temporal,
                                   created_at=self.created_at, updated_at=self.updated_at,
-                                  seq=seq if seq is not None else 0)
+                                  seq=seq if seq is not None else 0, agent=self.agent,
+                                  instructions=self.instructions)
 
 
 #: an op's result as planned: ``fn(base)`` (known once the batch's base offset is), or the
@@ -178,7 +183,8 @@ class Plan:
         made directly, not by ``dataclasses.replace``: it runs for every journal row."""
         title = conv.title if rename is None else rename[0]
         new = Conv(conv.id, title, conv.is_temporal, conv.created_at,
-                   self.now if touch else conv.updated_at, None, rel, conv.in_db, conv.max_order)
+                   self.now if touch else conv.updated_at, None, rel, conv.in_db, conv.max_order,
+                   conv.agent, conv.instructions)
         self.conv[conv.id] = new
         return new
 
@@ -223,7 +229,8 @@ class Plan:
         rel = self.n = self.n + 1
         cid = conv.id
         self.conv[cid] = Conv(cid, conv.title, conv.is_temporal, conv.created_at,
-                              conv.updated_at, None, rel, conv.in_db, conv.max_order)
+                              conv.updated_at, None, rel, conv.in_db, conv.max_order,
+                              conv.agent, conv.instructions)
         body = encode(message)
         self.m_rel.append(rel)
         self.m_id.append(message_id)

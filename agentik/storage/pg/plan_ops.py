@@ -97,7 +97,7 @@ class PgTarget:
     def new_conversation(self, op: ops.CreateConversation, seq: int) -> ConversationRecord:
         p = self.p
         conv = Conv(op.conversation_id, op.title, op.is_temporal, p.now, p.now, None, seq,
-                    in_db=False, max_order=0)
+                    in_db=False, max_order=0, agent=op.agent, instructions=op.instructions)
         p.conv[conv.id] = conv
         p.created.append(conv.id)
         return conv.record(-seq)  # seq 0: stamped on read (``pg.queries.stamp``)
@@ -125,7 +125,7 @@ class PgTarget:
         if conv.max_order >= from_idx:
             p.conv[conversation_id] = Conv(conv.id, conv.title, conv.is_temporal, conv.created_at,
                                            conv.updated_at, conv.seq, conv.rel, conv.in_db,
-                                           from_idx - 1)
+                                           from_idx - 1, conv.agent, conv.instructions)
 
     def compact(self, conversation_id: str, before_idx: int, summary: WorkingItem | None) -> None:
         p = self.p

@@ -24,7 +24,7 @@ import psycopg
 
 from agentik.storage.migrations import apply_migrations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -134,7 +134,13 @@ ALTER TABLE turn ADD PRIMARY KEY (conversation_id, id);
 """
 
 #: version -> script that brings a schema from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
+# A conversation belongs to an agent (docs/AGENTS.md); as SQLite's v6.
+_V6 = """
+ALTER TABLE conversation ADD COLUMN agent TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE conversation ADD COLUMN instructions TEXT;
+"""
+
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6}
 
 
 def migrate(conn: psycopg.Connection[Any]) -> str:

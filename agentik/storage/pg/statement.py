@@ -54,11 +54,13 @@ _MESSAGE = """m AS (INSERT INTO message (seq, id, conversation_id, type, created
     SELECT c.base + r.rel, r.id, r.cid, r.type, %(now)s, r.payload FROM c,
     unnest(%(m_rel)b::bigint[], %(m_id)b::text[], %(m_cid)b::text[], %(m_type)b::text[],
            %(m_payload)b::bytea[]) AS r(rel, id, cid, type, payload))"""
-_CONVERSATION = """cv AS (INSERT INTO conversation (id, title, is_temporal, created_at, updated_at, seq)
-    SELECT r.id, r.title, r.temp, r.created, r.updated, c.base + r.rel FROM c,
+_CONVERSATION = """cv AS (INSERT INTO conversation (id, title, is_temporal, created_at, updated_at, seq,
+                                  agent, instructions)
+    SELECT r.id, r.title, r.temp, r.created, r.updated, c.base + r.rel, r.agent, r.instr FROM c,
     unnest(%(c_id)b::text[], %(c_title)b::text[], %(c_temp)b::boolean[],
-           %(c_created)b::float8[], %(c_updated)b::float8[], %(c_rel)b::bigint[])
-    AS r(id, title, temp, created, updated, rel)
+           %(c_created)b::float8[], %(c_updated)b::float8[], %(c_rel)b::bigint[],
+           %(c_agent)b::text[], %(c_instr)b::text[])
+    AS r(id, title, temp, created, updated, rel, agent, instr)
     ON CONFLICT (id) DO UPDATE
     SET title = EXCLUDED.title, updated_at = EXCLUDED.updated_at, seq = EXCLUDED.seq)"""
 _MEMORY = """w AS (INSERT INTO working_memory (conversation_id, order_idx, source_message_id,
@@ -203,7 +205,8 @@ def _state_rows(p: Plan, parts: list[str], args: dict[str, Any]) -> None:
         args.update(c_id=[c.id for c in dirty], c_title=[c.title for c in dirty],
                     c_temp=[c.is_temporal for c in dirty],
                     c_created=[c.created_at for c in dirty],
-                    c_updated=[c.updated_at for c in dirty], c_rel=[c.rel for c in dirty])
+                    c_updated=[c.updated_at for c in dirty], c_rel=[c.rel for c in dirty],
+                    c_agent=[c.agent for c in dirty], c_instr=[c.instructions for c in dirty])
     if p.memory:
         parts.append(_MEMORY)
         w = p.memory

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 KNOWN = 10_000
 
 _LOAD_CONVERSATIONS = """
-SELECT c.id, c.title, c.is_temporal, c.created_at, c.updated_at, c.seq,
+SELECT c.id, c.title, c.is_temporal, c.created_at, c.updated_at, c.seq, c.agent, c.instructions,
        (SELECT COALESCE(MAX(order_idx), 0) FROM working_memory w WHERE w.conversation_id = c.id)
 FROM conversation c WHERE c.id = ANY(%s::text[])
 """
@@ -269,7 +269,7 @@ class PgWriter:
                 known.pop(cid, None)  # re-inserted last: the oldest are dropped first
                 known[cid] = Conv(cid, conv.title, conv.is_temporal, conv.created_at,
                                   conv.updated_at, conv.seq if conv.rel is None else base + conv.rel,
-                                  None, True, conv.max_order)
+                                  None, True, conv.max_order, conv.agent, conv.instructions)
         if len(known) > KNOWN:
             for cid in list(itertools.islice(known, len(known) - KNOWN)):
                 del known[cid]
@@ -288,7 +288,7 @@ class PgWriter:
                 used.append((cid, conv.seq, conv.max_order))
         if missing:
             for r in self.conn.execute(_LOAD_CONVERSATIONS, (missing,)):
-                p.conv[r[0]] = Conv(r[0], r[1], bool(r[2]), r[3], r[4], r[5], None, True, r[6])
+                p.conv[r[0]] = Conv(r[0], r[1], bool(r[2]), r[3], r[4], r[5], None, True, r[8], r[6], r[7])
         return used
 
     def _load(self, p: Plan, batch: list[ops.AnyOp]) -> list[tuple[str, int, int]]:

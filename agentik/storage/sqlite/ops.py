@@ -163,13 +163,14 @@ class SqliteTarget:
     def new_conversation(self, op: ops.CreateConversation, seq: int) -> ConversationRecord:
         now = self.now
         self.conn.execute(
-            "INSERT INTO conversation (id, title, is_temporal, created_at, updated_at, seq) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (op.conversation_id, op.title, int(op.is_temporal), now, now, seq))
+            "INSERT INTO conversation (id, title, is_temporal, created_at, updated_at, seq, "
+            "agent, instructions) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (op.conversation_id, op.title, int(op.is_temporal), now, now, seq, op.agent,
+             op.instructions))
         self.tx.seqs[op.conversation_id] = 0  # its row has its latest seq
         return ConversationRecord(id=op.conversation_id, title=op.title,
                                   is_temporal=op.is_temporal, created_at=now, updated_at=now,
-                                  seq=seq)
+                                  seq=seq, agent=op.agent, instructions=op.instructions)
 
     def rename(self, conversation_id: str, title: str | None, seq: int) -> None:
         cur = self.conn.execute("UPDATE conversation SET title=?, updated_at=?, seq=? WHERE id=?",

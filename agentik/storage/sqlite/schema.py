@@ -23,6 +23,8 @@ Tables:
 - ``turn`` (v5): keyed by (conversation_id, id), WITHOUT ROWID (one B-tree instead of the
   table, its id index and ``turn_by_conversation``: every turn look-up names its conversation);
   ``seq`` is the offset of the turn's user message (start-up recovery closes turns in order).
+- ``conversation.agent``, ``conversation.instructions`` (v6): the agent a conversation belongs to
+  and the instructions given at its creation in place of its agent's (NULL: its agent's).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import sqlite3
 
 from agentik.storage.migrations import apply_migrations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -136,8 +138,15 @@ DROP TABLE turn;
 ALTER TABLE turn_v5 RENAME TO turn;
 """
 
+# A conversation belongs to an agent (docs/AGENTS.md); those made before agents existed belong to
+# the one agent a server without an agents file has.
+_V6 = """
+ALTER TABLE conversation ADD COLUMN agent TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE conversation ADD COLUMN instructions TEXT;
+"""
+
 #: version -> script that brings a database from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6}
 
 
 def migrate(conn: sqlite3.Connection) -> None:

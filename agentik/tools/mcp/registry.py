@@ -71,6 +71,11 @@ class McpRegistry:
         metrics.TOOL_CALLS.labels(server.name, "error" if outcome.is_error else "ok").inc()
         return outcome
 
+    def server_of(self, name: str) -> str | None:
+        """The MCP server of the tool the model knows as ``name`` (None: no such tool)."""
+        target = self._names.get(name)
+        return None if target is None else target[0].name
+
     # status ---------------------------------------------------------------------------------
 
     def status(self) -> list[dict[str, Any]]:
