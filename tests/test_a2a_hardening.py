@@ -28,6 +28,8 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     openai,
 )
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
 
 @pytest.fixture
 def config(tmp_path: Path, openai: ScriptedOpenAI) -> Config:

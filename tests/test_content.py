@@ -38,6 +38,9 @@ GIF = b"GIF89a" + b"\0" * 24
 WEBP = b"RIFF\x10\0\0\0WEBPVP8 " + b"\0" * 16
 
 
+#: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
 def b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 
