@@ -697,9 +697,14 @@ async def test_reconnect_tries_every_3_s_while_visible_and_at_once_when_shown_or
         await stack.proxy.cut_all()
 
         def away_again() -> None:
+            # (The waits listed still end with the long one of the first time away: wait for a
+            # try after this cut before reading them.)
+            expect(page.locator(STATUS)).to_have_attribute("data-state", "reconnecting")
+            tries = stats(page)["tries"]
             assert page.evaluate(SET_VISIBILITY, "hidden") == 0
-            page.wait_for_function("() => window.agentik.retryDelays.at(-1) > 3000",
-                                   timeout=10_000)
+            page.wait_for_function(
+                "n => window.agentik.stats.tries > n && window.agentik.retryDelays.at(-1) > 3000",
+                arg=tries, timeout=15_000)
 
         await s.run(away_again)
         stack.proxy.refuse = False
