@@ -17,7 +17,7 @@ import trio
 
 from agentik.tools.base import FunctionTools
 from agentik.wire import Deleted
-from tests.scripted_openai import Fail, Hang, Reply, ScriptedOpenAI, ToolCalls
+from tests.scripted_openai import Fail, Hang, Reply, ScriptedOpenAI, ToolCalls, open_scripted_openai
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
     allow_error_logs,
@@ -27,6 +27,12 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
 )
 
 pytestmark = pytest.mark.usefixtures("engine")
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[ScriptedOpenAI]:
+    async with open_scripted_openai() as model:
+        yield model
 
 CID = "X-Agentik-Conversation-Id"
 

@@ -162,7 +162,7 @@ def seed_content(
             MessageContext(origin=MessageOrigin(kind="user"), metadata=metadata))
 
 
-def _seeded(message: UserMessage) -> tuple[list[Entry], list[Content]] | None:
+def seeded_of(message: UserMessage) -> tuple[list[Entry], list[Content]] | None:
     raw = None if message.context is None else message.context.metadata.get(SEED_KEY)
     if raw is None:
         return None
@@ -184,7 +184,7 @@ def transcript(records: Sequence[MessageRecord]) -> list[Entry]:
     for record in records:
         message = record.message
         if isinstance(message, UserMessage):
-            seeded = _seeded(message)
+            seeded = seeded_of(message)
             content = message.content if seeded is None else seeded[1]
             if seeded is not None:
                 out.extend(seeded[0])

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from agentik.errors import AgentikError, RuntimeClosedError
-from agentik.openai_api.follow import TurnEvent, run_turn
-from agentik.wire import Content, MessageContext
+from agentik.openai_api.follow import Cancelled, Failed, Finished, TextDelta, TurnEvent, run_turn
+from agentik.openai_api.responses import Outcome, outcome_of
+from agentik.wire import AssistantMessageEvent, Content, ErrorEvent, MessageContext
 
 if TYPE_CHECKING:
     from agentik.agent import LocalAgent
@@ -38,10 +39,90 @@ class TurnRun:
     scope: trio.CancelScope
 
 
+@dataclass(eq=False)
+class LiveResponse:
+    """A response's text so far and, once it ended, its outcome: what its streams read. Each
+    change replaces ``changed`` after setting it."""
+
+    text: str = ""
+    outcome: Outcome | None = None
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    def update(self, text: str, outcome: Outcome | None = None) -> None:
+        self.text = text
+        self.outcome = outcome
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def ended(self) -> Outcome:
+        while self.outcome is None:
+            await self.changed.wait()
+        return self.outcome
+
+
+def outcome_of_ending(event: Finished | Failed | Cancelled, live: str) -> Outcome:
+    match event:
+        case Finished():
+            return Outcome("completed", event.answer, event.tokens)
+        case Failed():
+            text = event.partial if event.partial.startswith(live) else live
+            return Outcome("failed", text, None, event.message, event.code)
+        case Cancelled():
+            return Outcome("cancelled", event.partial if event.partial.startswith(live) else live)
+
+
 class OpenAiService:
     def __init__(self, agent: LocalAgent, nursery: trio.Nursery) -> None:
         self.agent = agent
         self._nursery = nursery
+        #: responses whose turn this node follows now, by response id
+        self.live: dict[str, LiveResponse] = {}
+
+    def track(self, rid: str, run: TurnRun) -> LiveResponse:
+        """Follow a response's turn into a :class:`LiveResponse` (kept here while it runs)."""
+        live = self.live[rid] = LiveResponse()
+        self._nursery.start_soon(self._track, rid, run, live)
+        return live
+
+    async def _track(self, rid: str, run: TurnRun, live: LiveResponse) -> None:
+        text: list[str] = []
+        try:
+            async with run.events:
+                async for event in run.events:
+                    if isinstance(event, TextDelta):
+                        text.append(event.text)
+                        live.update("".join(text))
+                    elif isinstance(event, Finished | Failed | Cancelled):
+                        live.update(live.text, outcome_of_ending(event, live.text))
+                        return
+            live.update(live.text, Outcome("failed", live.text, None,
+                                           "the turn's events ended", "internal"))
+        finally:
+            del self.live[rid]
+
+    def watch(self, conversation_id: str, turn_id: str) -> LiveResponse:
+        """A response followed from storage (another node runs it, or it ended): its outcome
+        once its turn's record is stored."""
+        live = LiveResponse()
+        self._nursery.start_soon(self._watch, conversation_id, turn_id, live)
+        return live
+
+    async def _watch(self, cid: str, turn_id: str, live: LiveResponse) -> None:
+        agent = self.agent
+        try:
+            cursor = await agent.outbox.current_cursor()
+            outcome = outcome_of(turn_id, (await agent.chat_snapshot(cid)).messages)
+            if outcome.status == "in_progress":
+                async for ce in agent.outbox.conversation_events(cursor, cid):
+                    if isinstance(ce.event, AssistantMessageEvent | ErrorEvent):
+                        outcome = outcome_of(turn_id, (await agent.chat_snapshot(cid)).messages)
+                        if outcome.status != "in_progress":
+                            break
+        except AgentikError as exc:
+            outcome = Outcome("failed", "", None, str(exc), exc.code)
+        if outcome.status == "in_progress":  # the conversation was deleted meanwhile
+            outcome = Outcome("failed", "", None, "the conversation was deleted", "closed")
+        live.update(outcome.text, outcome)
 
     async def start_turn(
         self, conversation_id: str, content: list[Content], context: MessageContext | None,

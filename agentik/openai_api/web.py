@@ -8,12 +8,10 @@ Every answer of these routes is OpenAI's shape, errors included: ``{"error": {"m
 
 from __future__ import annotations
 
-import time
-from functools import partial
 from typing import Any, cast
 
 import msgspec
-from quart import Blueprint, Quart, Response, current_app, request
+from quart import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from agentik.errors import (
@@ -26,7 +24,7 @@ from agentik.errors import (
 )
 from agentik.openai_api import chat
 from agentik.openai_api.follow import Finished
-from agentik.openai_api.service import OpenAiMount, TurnRun, run_service
+from agentik.openai_api.service import OpenAiMount, TurnRun
 from agentik.openai_api.stream import chat_stream, completion, ending_error, ending_of
 from agentik.openai_api.types import (
     ChatRequest,
@@ -37,7 +35,7 @@ from agentik.openai_api.types import (
     decode_chat_request,
     encode,
 )
-from agentik.web._state import WebState, state
+from agentik.web._state import state
 from agentik.web.errors import headers_of
 from agentik.web.http import read_body
 from agentik.wire import Content, MessageContext, MessageOrigin
@@ -52,15 +50,6 @@ CONVERSATION_HEADER = "X-Agentik-Conversation-Id"
 OPEN_WEBUI_CHAT = "X-OpenWebUI-Chat-Id"
 #: ``metadata`` member naming the conversation to continue (for clients that cannot set headers)
 METADATA_KEY = "agentik_conversation_id"
-
-
-def mount_agentik(app: Quart, st: WebState, *, heartbeat: float = 15.0) -> OpenAiMount:
-    """Mount the /v1 routes on agentik's app, served on the runtime's agent while it runs."""
-    mount = OpenAiMount(created=int(time.time()), heartbeat=heartbeat)
-    cast(Any, app).agentik_openai = mount
-    app.register_blueprint(bp)
-    st.services.append(partial(run_service, mount))
-    return mount
 
 
 def mount_state() -> OpenAiMount:
@@ -87,16 +76,23 @@ def openai_error(status: int, message: str, code: str | None, param: str | None 
     return Response(encode(body), status=status, headers=headers, content_type=JSON)
 
 
-@bp.errorhandler(AgentikError)
-async def _agentik_error(exc: AgentikError) -> Response:
+async def agentik_error(exc: AgentikError) -> Response:
     param = exc.param if isinstance(exc, UnsupportedParameterError) else None
     return openai_error(http_status(exc), str(exc), exc.code, param, headers_of(exc))
 
 
-@bp.errorhandler(HTTPException)
-async def _http_error(exc: HTTPException) -> Response:
+async def http_error(exc: HTTPException) -> Response:
     status = exc.code or 500
     return openai_error(status, exc.description or exc.name, None)
+
+
+def openai_errors(blueprint: Blueprint) -> None:
+    """Every error of ``blueprint``'s routes answered in OpenAI's shape."""
+    blueprint.register_error_handler(AgentikError, agentik_error)
+    blueprint.register_error_handler(HTTPException, http_error)
+
+
+openai_errors(bp)
 
 
 async def openai_shaped(response: Response) -> Response:

@@ -22,6 +22,7 @@ from werkzeug.exceptions import HTTPException
 from agentik.a2a import runtime as a2a_web
 from agentik.config import Config
 from agentik.errors import AgentikError
+from agentik.openai_api import mount as openai_mount
 from agentik.openai_api import web as openai_web
 from agentik.sse import serve_body
 from agentik.web import auth, cors, lifespan, logsafe, process
@@ -119,7 +120,7 @@ def create_app(
     app.register_blueprint(sse_bp)
     app.register_blueprint(ws_bp)
     a2a_web.mount_agentik(app, st, heartbeat=heartbeat)
-    openai_web.mount_agentik(app, st, heartbeat=heartbeat)
+    openai_mount.mount_agentik(app, st, heartbeat=heartbeat)
     app.register_blueprint(ui_bp)
 
     @app.before_serving

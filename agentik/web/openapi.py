@@ -15,6 +15,16 @@ from typing import Any
 import msgspec
 
 import agentik
+from agentik.openai_api.responses_types import (
+    ConversationCreate,
+    ConversationObject,
+    ConversationUpdate,
+    Deleted,
+    ItemList,
+    ResponseObject,
+    ResponsesRequest,
+    StreamEvent,
+)
 from agentik.openai_api.types import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -110,6 +120,8 @@ KIND = Param(
     {"type": "string", "enum": ["agent", "conversation", "a2a"]},
 )
 PROMETHEUS = "text/plain; version=0.0.4"
+RID = Param("rid", "path", "a response id", required=True)
+OCID = Param("cid", "path", "a conversation id", required=True)
 
 ROUTES: tuple[Route, ...] = (
     Route("get", "/healthz", "health", "Liveness; 503 while starting or after the runtime died",
@@ -218,6 +230,44 @@ ROUTES: tuple[Route, ...] = (
           body=ChatRequest, params=(Param(
               "X-Agentik-Conversation-Id", "header", "the conversation this request continues"),),
           errors=(400, 404, 409, 413, 429, 502), error_type=ErrorAnswer),
+    Route("post", "/v1/responses", "openaiCreateResponse",
+          "OpenAI-compatible Responses: one turn of a conversation (`conversation`, "
+          "`previous_response_id`, or a new one); `stream: true` answers SSE typed events with "
+          "`sequence_number`; `background: true` answers at once (see docs/OPENAI.md)", 200,
+          ResponseObject, body=ResponsesRequest, errors=(400, 404, 413, 429),
+          error_type=ErrorAnswer),
+    Route("get", "/v1/responses/{rid}", "openaiGetResponse",
+          "A response; `?stream=true&starting_after=N` resumes its event stream after event N, "
+          "at any later time, also after a restart or on another node", 200, ResponseObject,
+          params=(RID, Param("stream", "query", "`true`: the response's events as SSE"),
+                  _int("starting_after", "resume after this sequence_number")),
+          errors=(400, 404), error_type=ErrorAnswer),
+    Route("post", "/v1/responses/{rid}/cancel", "openaiCancelResponse",
+          "Cancel a background response", 200, ResponseObject, params=(RID,),
+          errors=(400, 404), error_type=ErrorAnswer),
+    Route("delete", "/v1/responses/{rid}", "openaiDeleteResponse",
+          "Delete a response with its conversation (409 when the conversation holds other "
+          "turns)", 200, Deleted, params=(RID,), errors=(404, 409), error_type=ErrorAnswer),
+    Route("get", "/v1/responses/{rid}/input_items", "openaiResponseInputItems",
+          "The input items of a response", 200, ItemList, params=(RID,), errors=(404,),
+          error_type=ErrorAnswer),
+    Route("post", "/v1/conversations", "openaiCreateConversation",
+          "OpenAI-compatible: create a conversation (an agentik conversation, same id)", 200,
+          ConversationObject, body=ConversationCreate, errors=(400,), error_type=ErrorAnswer),
+    Route("get", "/v1/conversations/{cid}", "openaiGetConversation", "A conversation", 200,
+          ConversationObject, params=(OCID,), errors=(404,), error_type=ErrorAnswer),
+    Route("post", "/v1/conversations/{cid}", "openaiUpdateConversation",
+          "Set its metadata (`title`)", 200, ConversationObject, body=ConversationUpdate,
+          params=(OCID,), errors=(400, 404), error_type=ErrorAnswer),
+    Route("delete", "/v1/conversations/{cid}", "openaiDeleteConversation",
+          "Delete a conversation and everything of it", 200, Deleted, params=(OCID,),
+          errors=(404,), error_type=ErrorAnswer),
+    Route("get", "/v1/conversations/{cid}/items", "openaiConversationItems",
+          "Its messages as items (`limit`, `order`, `after`)", 200, ItemList,
+          params=(OCID, _int("limit", "1..100, default 20", 1),
+                  Param("order", "query", "`desc` (default) or `asc`"),
+                  Param("after", "query", "an item id")),
+          errors=(400, 404), error_type=ErrorAnswer),
     Route("get", "/", "webChat", "The built-in web chat (HTML page)", 200, ok_media=HTML,
           open=True),
     Route("get", "/agentik/ui", "webChatUi", "The built-in web chat (same page as `/`)", 200,
@@ -247,7 +297,8 @@ _ERROR_TEXT = {
 def openapi_dict() -> dict[str, Any]:
     """The document as a dict. (One function over 60 lines: it is the document's one template,
     route table in, OpenAPI out, and reads best whole.)"""
-    body_types: list[Any] = [ErrorBody, ClientFrame, ServerFrame, ChatCompletionChunk]
+    body_types: list[Any] = [ErrorBody, ClientFrame, ServerFrame, ChatCompletionChunk,
+                             StreamEvent]
     for route in ROUTES:
         for t in (route.ok_type, route.body, route.error_type):
             if t is not None and t not in body_types:
