@@ -236,3 +236,22 @@ async def test_bad_requests(server: Server, method: str, path: str, body: Any,
         assert response.status_code == status, response.text
         error = response.json()["error"]
         assert error["message"] and error["type"] and "code" in error
+
+
+async def test_each_agent_is_a_model_for_responses(tmp_path: Any) -> None:
+    from tests.test_agents import two_agents
+
+    async with open_scripted_openai() as a, open_scripted_openai() as b:
+        async with serve_app(two_agents(tmp_path, a, b)) as server:
+            with trio.fail_after(30):
+                sdk = client(server)
+                a.push(Reply("from A"))
+                answer = await sdk.responses.create(model="support", input="hi")
+                assert answer.output_text == "from A" and not b.requests
+                assert answer.conversation is not None
+                with pytest.raises(openai.ConflictError) as info:
+                    await sdk.responses.create(model="coder", input="hi",
+                                               conversation=answer.conversation.id)
+                assert "belongs to the model (agent) 'support'" in info.value.message
+                with pytest.raises(openai.NotFoundError):
+                    await sdk.responses.create(model="default", input="hi")

@@ -113,10 +113,16 @@ async def _conversation_of(req: ResponsesRequest) -> tuple[str, bool]:
         cid, _ = r.parse_response_id(req.previous_response_id)
         r.find(req.previous_response_id, (await agent.chat_snapshot(cid)).messages)
     if cid is not None:
-        if await agent.get_conversation(cid) is None:
+        conv = await agent.get_conversation(cid)
+        if conv is None:
             raise NotFoundError(f"conversation {cid!r} not found")
+        owner = agent.agent_of(conv.record.agent)
+        if owner != req.model:
+            raise ConflictError(f"conversation {cid!r} belongs to the model (agent) {owner!r}, "
+                                f"not {req.model!r}")
         return cid, False
-    conv = await agent.create_conversation(temp=not req.store, title="OpenAI response")
+    conv = await agent.create_conversation(temp=not req.store, title="OpenAI response",
+                                           agent=req.model)
     return conv.id, True
 
 
