@@ -99,11 +99,13 @@ class Chat(ChatScreen):
             return conv
         snapshot = await self.agent.conversations_snapshot(limit=20)
         if not snapshot.conversations:
-            return await self.agent.create_conversation()
+            return await self.new_conversation()
+        several = len((await self.agent.agents()).agents) > 1
         self.say("Conversations:")
         for i, rec in enumerate(snapshot.conversations, 1):
             mark = "  (this one)" if rec.id == current else ""
-            self.say(f"  {i:2}) {rec.title or '(untitled)'}  [{rec.id}]{mark}")
+            agent = f"  <{rec.agent}>" if several else ""
+            self.say(f"  {i:2}) {rec.title or '(untitled)'}{agent}  [{rec.id}]{mark}")
         self.say("   n) new conversation")
         keep = "keep this one" if current is not None else "a new one"
         while True:
@@ -115,10 +117,35 @@ class Chat(ChatScreen):
             if answer == "" and current is not None:
                 return None
             if answer in ("", "n"):
-                return await self.agent.create_conversation()
+                return await self.new_conversation()
             if answer.isdigit() and 1 <= int(answer) <= len(snapshot.conversations):
                 return HttpConversation(self.agent, snapshot.conversations[int(answer) - 1])
             self.say(f"no such choice: {answer!r}")
+
+    async def new_conversation(self, title: str | None = None) -> HttpConversation | None:
+        """A new conversation, of the agent the user picks when the server has several (Enter:
+        the default one); None at the end of the input."""
+        listed = await self.agent.agents()
+        agent: str | None = None
+        if len(listed.agents) > 1:
+            self.say("Agents:")
+            for i, entry in enumerate(listed.agents, 1):
+                default = "  (default)" if entry.id == listed.default else ""
+                about = f": {entry.description}" if entry.description else ""
+                self.say(f"  {i:2}) {entry.name}{about}{default}")
+            while agent is None:
+                self.say("pick an agent, or Enter for the default: ", end="")
+                answer = await self.next_line()
+                if answer is None:
+                    return None
+                answer = answer.strip()
+                if answer == "":
+                    agent = listed.default
+                elif answer.isdigit() and 1 <= int(answer) <= len(listed.agents):
+                    agent = listed.agents[int(answer) - 1].id
+                else:
+                    self.say(f"no such choice: {answer!r}")
+        return await self.agent.create_conversation(title=title, agent=agent)
 
     async def show_history(self, conv: HttpConversation) -> None:
         count = await self.agent.journal.count(conversation_id=conv.id)
@@ -238,7 +265,7 @@ class Chat(ChatScreen):
             record = await self.agent.rename_conversation(conv.id, arg or None)
             self.note(f"title: {record.title or '(untitled)'}")
         elif name == "/new":
-            self.switch_to = await self.agent.create_conversation(title=arg or None)
+            self.switch_to = await self.new_conversation(arg or None)
             self.quit.set()
         elif name == "/list":
             picked = await self.pick(None, current=conv.id)

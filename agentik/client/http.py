@@ -14,6 +14,7 @@ or in the middle (the server's ``event: gap`` frame).
 
 from __future__ import annotations
 
+import urllib.parse
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
@@ -34,7 +35,9 @@ from agentik.client.handles import (
 from agentik.client.streams import OnOpen, decode_answer, read_durable, read_live
 from agentik.errors import NotFoundError, RuntimeClosedError, StorageError
 from agentik.protocol import (
+    AgentEntry,
     AgentInfo,
+    AgentList,
     CreateConversationBody,
     InterruptResult,
     MessageAccepted,
@@ -151,11 +154,24 @@ class AgentikAgent:
 
     # --- conversations ---------------------------------------------------------------------------
 
+    async def agents(self) -> AgentList:
+        """``GET /agentik/agents``: the server's agents and the default one's id."""
+        return decode_answer(await self._request("GET", "/agentik/agents"), AgentList)
+
+    async def get_agent(self, agent_id: str) -> AgentEntry:
+        """``GET /agentik/agents/{id}``. Raises NotFoundError (its message lists the ids)."""
+        path = "/agentik/agents/" + urllib.parse.quote(agent_id, safe="")
+        return decode_answer(await self._request("GET", path), AgentEntry)
+
     async def create_conversation(
-        self, temp: bool = False, title: str | None = None, *, idempotency_key: str | None = None
+        self, temp: bool = False, title: str | None = None, *, idempotency_key: str | None = None,
+        agent: str | None = None, instructions: str | None = None,
     ) -> HttpConversation:
-        """Idempotent like :meth:`send`: a retry never makes a second conversation."""
-        body = encode(CreateConversationBody(temp=temp, title=title))
+        """A conversation of ``agent`` (None: the default one) whose system prompt is
+        ``instructions`` when given. Idempotent like :meth:`send`: a retry never makes a second
+        conversation. Raises NotFoundError for an unknown agent."""
+        body = encode(CreateConversationBody(temp=temp, title=title, agent=agent,
+                                             instructions=instructions))
         raw = await self._idempotent_write("/agentik/conversations", body, idempotency_key)
         return HttpConversation(self, decode_answer(raw, ConversationRecord))
 
