@@ -30,13 +30,14 @@ import select
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgspec
 import trio
 
 from agentik.storage import ops
-from agentik.storage.engine import WriterEngine, probe_write
+from agentik.storage.engine import StepWriter, WriterEngine, probe_write
+from agentik.storage.types import BatchResult
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class Outcome:
     the exception it raised (StorageError for a database failure; anything else is a defect)."""
 
     batch: list[Request]
-    result: Any
+    result: BatchResult | BaseException | None
     #: seconds the commit took in the thread
     elapsed: float
     #: probe requests taken with this batch: answered by its outcome, no probe of their own
@@ -130,9 +131,9 @@ class Committer:
         self._max_batch = max_batch
         self._post_channel = post
         #: lists of requests (or of _STOP), each as the trio side handed it over
-        self._queue: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[Request | object]] = queue.SimpleQueue()
         #: requests taken from the queue past ``max_batch``: the next batch starts with them
-        self._carry: list[Any] = []
+        self._carry: list[Request | object] = []
         self._stopping = False
         self._token: trio.lowlevel.TrioToken | None = None
         #: an engine that commits in steps (``_run_pipelined``), and the pipe that wakes its
@@ -149,7 +150,7 @@ class Committer:
 
     def submit(self, reqs: list[Request]) -> None:
         """Queue ``reqs`` (taken in this order, after everything queued before)."""
-        self._queue.put(reqs)
+        self._queue.put(cast("list[Request | object]", reqs))  # (read back as such: _take)
         if self._pipelined:
             try:  # wakes a thread waiting for either more requests or its statement's answer
                 os.write(self._wake_w, b"\0")
@@ -199,7 +200,7 @@ class Committer:
                     self._probe(probes)
                 continue
             started = time.perf_counter()
-            result: Any
+            result: BatchResult | BaseException
             try:
                 result = self._writer.commit_batch([r.op for r in batch])  # type: ignore[misc]
             except BaseException as exc:  # posted: the actor answers with it
@@ -211,8 +212,8 @@ class Committer:
         while batch k's statement runs on the server, batch k+1 is taken and planned; k+1's
         statement goes out as soon as k's answer is in, before k is stamped and posted, so the
         server is idle only for the time it takes to send."""
-        w: Any = self._writer
-        flight: tuple[list[Request], list[Request], Any, float, bool] | None = None
+        w = cast("StepWriter[object]", self._writer)  # (``_pipelined``: it has the steps)
+        flight: tuple[list[Request], list[Request], object, float, bool] | None = None
         stop = False
         while True:
             if flight is None:
@@ -238,12 +239,12 @@ class Committer:
                 if more:
                     nxt = (more, more_probes)
                     try:
-                        ahead = w.follow([r.op for r in more], current)
+                        ahead = w.follow([r.op for r in more], current)  # type: ignore[misc]
                     except Exception:  # planning ahead is an optimisation: never a failure
                         log.exception("planning the next batch ahead failed")
                 else:
                     probes = probes + more_probes  # answered by this batch's outcome
-            result: Any = None
+            result: BatchResult | BaseException | None = None
             try:
                 w.land(current)
             except BaseException as exc:
@@ -267,7 +268,7 @@ class Committer:
                     result = exc
             self._post(Outcome(batch, result, time.perf_counter() - started, probes, followed))
 
-    def _wait_for_more(self, w: Any) -> bool:
+    def _wait_for_more(self, w: StepWriter[object]) -> bool:
         """While the statement runs: True once more requests are queued, False once its answer
         is there (whichever comes first)."""
         self._drain_wakeups()
@@ -286,18 +287,18 @@ class Committer:
         except BlockingIOError:
             pass
 
-    def _begin(self, w: Any, batch: list[Request], probes: list[Request]
-               ) -> tuple[list[Request], list[Request], Any, float, bool] | None:
+    def _begin(self, w: StepWriter[object], batch: list[Request], probes: list[Request]
+               ) -> tuple[list[Request], list[Request], object, float, bool] | None:
         started = time.perf_counter()
         try:
-            return batch, probes, w.begin([r.op for r in batch]), started, False
+            return batch, probes, w.begin([r.op for r in batch]), started, False  # type: ignore[misc]
         except BaseException as exc:
             self._post(Outcome(batch, exc, time.perf_counter() - started, probes))
             return None
 
     def _probe(self, probes: list[Request]) -> None:
         started = time.perf_counter()
-        result: Any = None
+        result: BaseException | None = None
         try:
             probe_write(self._writer)
         except BaseException as exc:

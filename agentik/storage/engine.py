@@ -27,7 +27,7 @@ embedded default, one node) and PostgreSQL (``pg/``: ``writer.PgWriter`` + ``rea
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from agentik.storage.reads import Reads
 
@@ -98,6 +98,29 @@ class WriterEngine(Protocol):
     def commit_batch(self, batch: list[ops.AnyOp]) -> BatchResult: ...
 
     def close(self) -> None: ...
+
+
+F = TypeVar("F")
+
+
+class StepWriter(WriterEngine, Protocol[F]):
+    """A writer that commits in steps (PostgreSQL's ``PgWriter``), so the writer thread plans
+    batch k+1 while k's statement runs (``committer._run_pipelined``); ``F`` is its batch in
+    flight. Every method is blocking, like ``commit_batch`` (which is begin, land, result)."""
+
+    def begin(self, batch: list[ops.AnyOp]) -> F: ...
+
+    def follow(self, batch: list[ops.AnyOp], after: F) -> F | None: ...
+
+    def launch(self, flight: F) -> bool: ...
+
+    def land(self, flight: F) -> None: ...
+
+    def result(self, flight: F) -> BatchResult: ...
+
+    def socket(self) -> int: ...
+
+    def answer_remaining(self) -> float | None: ...
 
 
 #: the read side of either engine (``reads.Reads``: typed calls, each engine's own SQL); its

@@ -49,6 +49,7 @@ def deliver(hub: EventHub, storage: Storage, outcome: Outcome, feed: Publisher |
         req.answer()
     if not batch:
         return
+    assert result is not None  # a batch's outcome: its BatchResult
     storage.stats.batches += 1
     storage.stats.ops += len(batch)
     storage.stats.largest_batch = max(storage.stats.largest_batch, len(batch))
