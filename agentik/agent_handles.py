@@ -131,10 +131,15 @@ class OnlineOutbox:
         return self._hub.subscribe_online(conversation_id, wake)
 
 
+#: outbox rows read at a time for a task's changes after its row
+_CHANGES_PAGE = 500
+
+
 class TaskRecords:
     """Task records kept under the shared counter (the A2A facade's tasks, docs/A2A.md): each
     change stores the whole record (an opaque JSON ``record``, its ``state``) with seq = N and a
-    ``TaskUpdated`` event (``update``, outbox kind ``a2a``) at offset N, in one transaction.
+    ``TaskUpdated`` event (``update``, outbox kind ``a2a``) at offset N, in one transaction; a
+    chunk stores its event only (:meth:`changes_after` reads them back).
     ``expect_seq`` makes a change conditional on the seq last read (None: the record must not
     exist); a stale one raises ConflictError and stores nothing."""
 
@@ -143,17 +148,34 @@ class TaskRecords:
 
     async def put(
         self, *, task_id: str, context_id: str, conversation_id: str | None, state: str,
-        record: bytes, update: bytes, expect_seq: int | None,
+        record: bytes, update: bytes, expect_seq: int | None, chunk: bool = False,
     ) -> int:
-        """Store one change; returns its seq. Raises ConflictError, StorageError."""
+        """Store one change (``chunk``: its event only, ``ops.PutA2ATask.chunk``); returns its
+        seq. Raises ConflictError, StorageError."""
         seq: int = await self._storage.write(ops.PutA2ATask(
             task_id=task_id, context_id=context_id, conversation_id=conversation_id,
-            state=state, task=record, update=update, expect_seq=expect_seq,
+            state=state, task=record, update=update, expect_seq=expect_seq, chunk=chunk,
         ))
         return seq
 
     async def get(self, task_id: str) -> A2ATaskRow | None:
         return await self._storage.reader.get_a2a_task(task_id)
+
+    async def changes_after(self, after_seq: int, conversation_id: str | None, task_id: str
+                            ) -> list[tuple[int, TaskUpdated]]:
+        """The task's changes stored after ``after_seq`` (its row's seq: the chunks since its
+        last whole change), as the outbox still has them."""
+        out: list[tuple[int, TaskUpdated]] = []
+        while True:
+            _, _, page = await self._storage.reader.outbox_page(
+                after_seq, conversation_id, "a2a", _CHANGES_PAGE)
+            for ev in page:
+                event = ev.event.event
+                if isinstance(event, TaskUpdated) and event.task_id == task_id:
+                    out.append((ev.offset, event))
+            if len(page) < _CHANGES_PAGE:
+                return out
+            after_seq = page[-1].offset
 
     async def latest_of_context(self, context_id: str) -> A2ATaskRow | None:
         """The context's most recently created record, None for an unused context."""

@@ -215,3 +215,62 @@ def test_version_1_database_migrates_to_the_current_version_keeping_its_rows(
         assert result.results == [8]
     finally:
         w.close()
+
+
+async def test_streamed_chunks_are_stored_as_chunks_and_read_back_whole(
+    target: StorageTarget
+) -> None:
+    """An artifact streamed in chunks (A2A's append updates) stores each chunk as its event
+    only, not the whole task again: the row stays the last whole change. A reader that holds no
+    copy (another node, a restart) gets the task with the chunks folded back in, and a stream
+    from it goes on after them; the last chunk stores the whole task again."""
+    from agentik.a2a.store import TaskStore
+    from agentik.a2a.types import (
+        WORKING,
+        Artifact,
+        Part,
+        StreamResponse,
+        Task,
+        TaskArtifactUpdateEvent,
+        TaskStatus,
+        decode_task,
+    )
+    from agentik.agent_handles import TaskRecords
+
+    def add(text: str, *, append: bool = True, last: bool = False):  # type: ignore[no-untyped-def]
+        def change(task: Task) -> tuple[Task, StreamResponse]:
+            from agentik.a2a.store import merge_artifact
+
+            art = Artifact(artifact_id="a", parts=[Part(text=text)])
+            return (msgspec.structs.replace(task, artifacts=merge_artifact(task.artifacts, art,
+                                                                           append)),
+                    StreamResponse(artifact_update=TaskArtifactUpdateEvent(
+                        task_id="t", context_id="x", artifact=art, append=append,
+                        last_chunk=last)))
+        return change
+
+    def text(task: Task) -> str:
+        return "".join(p.text or "" for a in task.artifacts for p in a.parts)
+
+    with trio.fail_after(30):
+        async with open_storage(target) as st:
+            await conversations(st, "c")
+            store = TaskStore(TaskRecords(st))
+            await store.create(Task(id="t", context_id="x", status=TaskStatus(state=WORKING)), "c")
+            whole = await store.change("t", add("a", append=False))
+            assert whole is not None
+            await store.change("t", add("b"))
+            await store.change("t", add("c"))
+            row = await st.reader.get_a2a_task("t")
+            assert row is not None and row.seq == whole.seq
+            assert text(decode_task(row.payload)) == "a"  # the chunks are not in the row
+            fresh = await TaskStore(TaskRecords(st)).get("t")  # no copy: folded from the outbox
+            assert fresh is not None and text(fresh.task) == "abc" and fresh.seq == whole.seq
+            assert fresh.after == whole.seq + 2
+            final = await store.change("t", add("d", last=True))
+            assert final is not None
+            row = await st.reader.get_a2a_task("t")
+            assert row is not None and row.seq == final.seq and text(decode_task(row.payload)) == "abcd"
+            async for offset, _ in store.events(fresh):  # after the folded chunks: "d" only
+                assert offset == final.seq
+                break

@@ -481,6 +481,27 @@ async def test_text_with_a_nul_is_refused_alone(target: StorageTarget) -> None:
                 await st.reader.get_conversation("c\x00")
 
 
+@case(ops.PutA2ATask, "chunk")
+async def _put_task_chunk(st: Storage) -> None:
+    """A chunk stores its event only: the row keeps the last whole change and its seq, which
+    the next change (a chunk or a whole one) still expects."""
+    await create(st)
+    op = ops.PutA2ATask(task_id="t", context_id="x", conversation_id="c", state="working",
+                        task=b'{"v":1}', update=b"{}", expect_seq=None)
+    first = await st.write(op)
+    chunk = msgspec.structs.replace(op, task=b"", update=b'{"c":1}', expect_seq=first, chunk=True)
+    offsets = [await st.write(chunk), await st.write(chunk)]
+    row = await st.reader.get_a2a_task("t")
+    assert row is not None and (row.payload, row.seq) == (b'{"v":1}', first)
+    assert [(e.offset, e.type) for e in (await events(st))[-2:]] == [
+        (o, "task_updated") for o in offsets]
+    with pytest.raises(ConflictError):
+        await st.write(msgspec.structs.replace(chunk, expect_seq=offsets[-1]))
+    last = await st.write(msgspec.structs.replace(op, task=b'{"v":2}', expect_seq=first))
+    row = await st.reader.get_a2a_task("t")
+    assert row is not None and (row.payload, row.seq) == (b'{"v":2}', last)
+
+
 # --- the runs (after every case is registered) -----------------------------------------------
 
 

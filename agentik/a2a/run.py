@@ -16,7 +16,7 @@ import trio
 
 from agentik.a2a import errors as e
 from agentik.a2a.executor import RequestContext
-from agentik.a2a.store import StoredTask, TaskStore, status_change
+from agentik.a2a.store import StoredTask, TaskStore, merge_artifact, status_change
 from agentik.a2a.types import (
     CANCELED,
     COMPLETED,
@@ -59,33 +59,6 @@ class Run:
     cancel_requested: bool = False
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     updater: Updater | None = None
-
-
-def _merge_artifact(artifacts: list[Artifact], chunk: Artifact, append: bool) -> list[Artifact]:
-    """The task's artifacts after one artifactUpdate: a new artifact is added, an ``append``
-    chunk extends its artifact's parts (consecutive text parts are joined into one), any other
-    update replaces the artifact."""
-    out = list(artifacts)
-    for i, old in enumerate(out):
-        if old.artifact_id != chunk.artifact_id:
-            continue
-        if not append:
-            out[i] = chunk
-            return out
-        parts = list(old.parts)
-        for part in chunk.parts:
-            last = parts[-1] if parts else None
-            if (
-                last is not None and last.text is not None and part.text is not None
-                and last.metadata is None and part.metadata is None
-            ):
-                parts[-1] = Part(text=last.text + part.text, media_type=last.media_type)
-            else:
-                parts.append(part)
-        out[i] = msgspec.structs.replace(old, parts=parts)
-        return out
-    out.append(chunk)
-    return out
 
 
 class Updater:
@@ -183,7 +156,7 @@ class Updater:
             if task.status.state in TERMINAL:
                 return None
             new = msgspec.structs.replace(
-                task, artifacts=_merge_artifact(task.artifacts, chunk, append)
+                task, artifacts=merge_artifact(task.artifacts, chunk, append)
             )
             update = StreamResponse(artifact_update=TaskArtifactUpdateEvent(
                 task_id=task.id, context_id=task.context_id, artifact=chunk, append=append,

@@ -2,7 +2,8 @@
 
 Every change of a task is ONE storage op (:class:`agentik.storage.ops.PutA2ATask`): the task's
 whole record as of the change (seq = N) and a ``TaskUpdated`` event at offset N carrying the
-StreamResponse its subscribers get. So:
+StreamResponse its subscribers get; an artifact chunk of a task still streaming is stored as the
+chunk (its event only: ``PutA2ATask.chunk``), folded back in by :meth:`TaskStore.get`. So:
 
 - ``GetTask``/``ListTasks`` read rows, which survive restarts;
 - a subscription is "the task as of its seq N, then its events after N" (:meth:`events`), the
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 
 from agentik.a2a.types import (
@@ -27,12 +29,15 @@ from agentik.a2a.types import (
     INTERRUPTED,
     RUNNING,
     TERMINAL,
+    Artifact,
+    Part,
     StreamResponse,
     Task,
     TaskStatus,
     TaskStatusUpdateEvent,
     agent_message,
     decode_task,
+    decode_update,
     encode,
     text_part,
     timestamp,
@@ -51,14 +56,50 @@ Change = Callable[[Task], tuple[Task, StreamResponse] | None]
 
 @dataclass(frozen=True)
 class StoredTask:
+    """A task as read: ``seq`` is its row's (its last whole change: what the next change
+    expects), ``after`` the last change ``task`` holds (later than ``seq`` by the artifact
+    chunks stored since, ``ops.PutA2ATask.chunk``: a subscription goes on after it)."""
+
     task: Task
     seq: int
     first_seq: int
     conversation_id: str | None
+    after: int
 
 
-def _stored(row: A2ATaskRow) -> StoredTask:
-    return StoredTask(decode_task(row.payload), row.seq, row.first_seq, row.conversation_id)
+def merge_artifact(artifacts: list[Artifact], chunk: Artifact, append: bool) -> list[Artifact]:
+    """The task's artifacts after one artifactUpdate: a new artifact is added, an ``append``
+    chunk extends its artifact's parts (consecutive text parts are joined into one), any other
+    update replaces the artifact."""
+    out = list(artifacts)
+    for i, old in enumerate(out):
+        if old.artifact_id != chunk.artifact_id:
+            continue
+        if not append:
+            out[i] = chunk
+            return out
+        parts = list(old.parts)
+        for part in chunk.parts:
+            last = parts[-1] if parts else None
+            if (
+                last is not None and last.text is not None and part.text is not None
+                and last.metadata is None and part.metadata is None
+            ):
+                parts[-1] = Part(text=last.text + part.text, media_type=last.media_type)
+            else:
+                parts.append(part)
+        out[i] = msgspec.structs.replace(old, parts=parts)
+        return out
+    out.append(chunk)
+    return out
+
+
+def _chunk(update: StreamResponse, expect: int | None, state: str) -> bool:
+    """Whether a change is stored as its chunk alone: an artifact chunk appended to an
+    existing task that goes on streaming (its last chunk stores the whole task again)."""
+    art = update.artifact_update
+    return (expect is not None and art is not None and art.append and not art.last_chunk
+            and state not in TERMINAL)
 
 
 class TaskStore:
@@ -73,8 +114,20 @@ class TaskStore:
     # --- reads -----------------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> StoredTask | None:
+        """The task now: its row, and the artifact chunks stored after it folded in."""
         row = await self.records.get(task_id)
-        return None if row is None else _stored(row)
+        return None if row is None else await self._stored(row)
+
+    async def _stored(self, row: A2ATaskRow) -> StoredTask:
+        task, after = decode_task(row.payload), row.seq
+        for offset, event in await self.records.changes_after(row.seq, row.conversation_id,
+                                                              row.id):
+            art = decode_update(bytes(event.update)).artifact_update
+            if art is not None:
+                task = msgspec.structs.replace(
+                    task, artifacts=merge_artifact(task.artifacts, art.artifact, art.append))
+            after = offset
+        return StoredTask(task, row.seq, row.first_seq, row.conversation_id, after)
 
     async def context_conversation(self, context_id: str) -> tuple[bool, str | None]:
         """(whether a task has used the context, the conversation of its latest task)."""
@@ -85,12 +138,12 @@ class TaskStore:
         self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int
     ) -> tuple[list[StoredTask], int]:
         rows, total = await self.records.page(context_id, state, before_first_seq, limit)
-        return [_stored(r) for r in rows], total
+        return [await self._stored(r) for r in rows], total
 
     async def events(self, stored: StoredTask) -> AsyncIterator[tuple[int, TaskUpdated]]:
         """The task's changes after ``stored`` (a snapshot of it), replayed then live, in order,
         until the consumer stops, or until its conversation is deleted (and the task with it)."""
-        async for offset, event in self.records.updates(stored.seq, stored.conversation_id):
+        async for offset, event in self.records.updates(stored.after, stored.conversation_id):
             if event.task_id == stored.task.id:
                 yield offset, event
 
@@ -112,16 +165,19 @@ class TaskStore:
         self, task: Task, update: StreamResponse, conversation_id: str | None, expect: int | None,
         first_seq: int | None,
     ) -> StoredTask:
+        chunk = _chunk(update, expect, task.status.state)
         try:
             seq = await self.records.put(
                 task_id=task.id, context_id=task.context_id, conversation_id=conversation_id,
-                state=task.status.state, record=encode(task), update=encode(update),
-                expect_seq=expect,
+                state=task.status.state, record=b"" if chunk else encode(task),
+                update=encode(update), expect_seq=expect, chunk=chunk,
             )
         except AgentikError:
             self._running.pop(task.id, None)  # the next change reads what is stored
             raise
-        stored = StoredTask(task, seq, seq if first_seq is None else first_seq, conversation_id)
+        row = expect if chunk and expect is not None else seq  # a chunk leaves the row as it was
+        stored = StoredTask(task, row, seq if first_seq is None else first_seq, conversation_id,
+                            seq)
         if task.status.state in TERMINAL or task.status.state in INTERRUPTED:
             self._running.pop(task.id, None)
         else:

@@ -241,6 +241,7 @@ class AgentCard(A2A, kw_only=True):
 _encoder = msgspec.json.Encoder()
 encode = _encoder.encode
 decode_task = msgspec.json.Decoder(Task).decode
+decode_update = msgspec.json.Decoder(StreamResponse).decode
 
 _SNAKE = re.compile(r"_([a-z0-9])")
 #: members holding free-form JSON (their keys are data, not field names)

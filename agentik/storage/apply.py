@@ -347,7 +347,8 @@ def put_a2a_task(t: Target[Rec], op: ops.PutA2ATask) -> object:
         shown = stored if isinstance(stored, str) else f"at seq {stored}"
         raise ConflictError(f"task {op.task_id!r} is {shown}, the change expected {op.expect_seq}")
     seq = t.alloc()
-    t.put_task(op, seq)
+    if not op.chunk:  # a chunk leaves the row as it is (ops.PutA2ATask.chunk)
+        t.put_task(op, seq)
     t.emit(seq, op.conversation_id, TaskUpdated(task_id=op.task_id, context_id=op.context_id,
                                                 state=op.state, update=msgspec.Raw(op.update)))
     return t.offset(seq)

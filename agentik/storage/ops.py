@@ -200,6 +200,11 @@ class PutA2ATask(Op[int], frozen=True, kw_only=True):
     task: bytes
     update: bytes
     expect_seq: int | None
+    #: an artifact chunk appended to the task (``update`` its artifactUpdate): only its event
+    #: is stored (``task`` is not read); the row keeps the task as of its last whole change and
+    #: that change's seq, which ``expect_seq`` names: a stream of chunks costs each its own
+    #: bytes, not the whole task again (a reader folds the chunks after the row's seq back in)
+    chunk: bool = False
 
 
 AnyOp = (
