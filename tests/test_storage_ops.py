@@ -139,6 +139,22 @@ async def _create(st: Storage) -> None:
     assert created.event.event.conversation == stored  # type: ignore[union-attr]
 
 
+@case(ops.CreateConversation, "agent", "instructions")
+async def _create_for_an_agent(st: Storage) -> None:
+    made = await st.write(ops.CreateConversation(conversation_id="c", title=None,
+                                                 is_temporal=False, system_prompt="s",
+                                                 agent="helper", instructions="be brief"))
+    stored = await st.reader.get_conversation("c")
+    assert stored is not None and (stored.agent, stored.instructions) == ("helper", "be brief")
+    assert made == stored
+    await st.write(ops.RenameConversation(conversation_id="c", title="t"))  # kept by a change
+    renamed = await st.reader.get_conversation("c")
+    assert renamed is not None and (renamed.agent, renamed.instructions) == ("helper", "be brief")
+    await create(st, "d")
+    plain = await st.reader.get_conversation("d")
+    assert plain is not None and (plain.agent, plain.instructions) == ("default", None)
+
+
 @case(ops.CreateConversation, "idempotency")
 async def _create_idempotent(st: Storage) -> None:
     op = ops.CreateConversation(conversation_id="c", title=None, is_temporal=False,
