@@ -135,9 +135,15 @@ export class Api {
     return this.get("/cursor");
   }
 
-  createConversation(title) {
-    return this.request("POST", "/conversations", title ? { title } : {},
-      { "Idempotency-Key": randomId() });
+  /** A new conversation; ``agent`` (null: the default one) says whose. */
+  createConversation(title, agent) {
+    const body = title ? { title } : {};
+    if (agent) body.agent = agent;
+    return this.request("POST", "/conversations", body, { "Idempotency-Key": randomId() });
+  }
+
+  agents() {
+    return this.get("/agents");
   }
 
   renameConversation(id, title) {

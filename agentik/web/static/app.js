@@ -2,6 +2,7 @@
 // Model output is untrusted: it only ever reaches the page as text nodes or through
 // renderMarkdown, which builds DOM nodes (never innerHTML).
 
+import { agentName, chosenAgent, loadAgents } from "./agents.js";
 import { Api, ApiError, AuthError, NetworkError } from "./api.js";
 import { renderMarkdown } from "./markdown.js";
 import { Chat, ConversationList } from "./store.js";
@@ -32,6 +33,7 @@ const connection = new Connection(api, {
   agentReset(snapshot) {
     list.replace(snapshot.conversations);
     renderList();
+    loadAgents(api).then(renderList);
   },
   agentEvent(common) {
     if (list.apply(common)) renderList();
@@ -193,6 +195,14 @@ function renderList() {
     time.dateTime = new Date(record.updated_at * 1000).toISOString();
     time.textContent = timeText(record.updated_at);
     button.append(title, time);
+    const agent = agentName(record.agent);
+    if (agent) {
+      const tag = document.createElement("span");
+      tag.className = "conv-agent";
+      tag.dataset.testid = "conversation-agent";
+      tag.textContent = agent;
+      button.append(tag);
+    }
     button.addEventListener("click", () => {
       go(record.id);
       closeSidebar();
@@ -208,7 +218,7 @@ function renderList() {
 
 $("new-conversation").addEventListener("click", async () => {
   try {
-    const record = await api.createConversation();
+    const record = await api.createConversation(undefined, chosenAgent());
     list.items.set(record.id, list.items.get(record.id) ?? record);
     renderList();
     go(record.id);
@@ -652,7 +662,7 @@ $("composer").addEventListener("submit", async (event) => {
   try {
     let id = chat && !chat.deleted ? chat.id : null;
     if (!id) {
-      const record = await api.createConversation();
+      const record = await api.createConversation(undefined, chosenAgent());
       list.items.set(record.id, list.items.get(record.id) ?? record);
       go(record.id);
       id = record.id;
