@@ -247,13 +247,14 @@ class LocalAgent:
         """Cancel one turn (``turn_id``: its user message's id): withdrawn while it waits
         behind another turn (it ends Interrupted at once, stored before this returns, and is
         never run), interrupted while it runs.
-        False when it has ended, or when another node of a cluster runs the conversation
-        (there only the running turn can be interrupted, with :meth:`interrupt`)."""
+        False when it has ended. In a cluster the conversation's owner does it. Raises
+        NotFoundError."""
         self._check_open()
         try:
             return await self._registry.cancel_turn(conversation_id, turn_id)
-        except NotOwnerError:
-            return False
+        except NotOwnerError as exc:
+            return await self._peers.forward(
+                exc, lambda o: o.cancel_turn(conversation_id, turn_id))
 
     async def _send(
         self,

@@ -108,6 +108,14 @@ class MessageAccepted(Wire, frozen=True, kw_only=True):
     message_id: str
 
 
+class InterruptBody(Wire, frozen=True, kw_only=True):
+    """``POST /agentik/conversations/{id}/interrupt`` (an empty body: the running turn)."""
+
+    #: cancel this turn (its user message's id): withdrawn while it waits behind another (it
+    #: ends interrupted at once, never run), interrupted while it runs
+    turn_id: str | None = None
+
+
 class InterruptResult(Wire, frozen=True, kw_only=True):
     interrupted: bool
 
@@ -243,6 +251,8 @@ class SendMessage(Tagged, frozen=True, kw_only=True, tag="send"):
 class InterruptTurn(Tagged, frozen=True, kw_only=True, tag="interrupt"):
     id: str
     conversation_id: str
+    #: as in ``POST …/interrupt``: this turn, queued or running (None: the running turn)
+    turn_id: str | None = None
 
 
 class RenameConversation(Tagged, frozen=True, kw_only=True, tag="rename"):

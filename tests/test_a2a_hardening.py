@@ -15,17 +15,21 @@ import msgspec
 import pytest
 import trio
 from a2a.types import a2a_pb2 as pb
+from trio_websocket import open_websocket_url
 
 from agentik import open_runtime
+from agentik.client.http import AgentikAgent
 from agentik.config import Config
 from agentik.wire import AssistantMessage, AssistantMessageEvent
 from tests.scripted_openai import Hang, Reply, ScriptedOpenAI
 from tests.test_a2a import V1, a2a_server, message
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
+    WsClient,
     make_config,
     no_error_logs,
     open_sse,
     openai,
+    serve_app,
 )
 
 #: on the suite's engine (``conftest.ENGINE``: CI runs it on SQLite, then on PostgreSQL)
@@ -176,3 +180,47 @@ async def test_a_withdrawn_turn_does_not_come_back_after_a_restart(
                     break
     asked = [str(r["messages"]) for r in openai.requests]
     assert len(asked) == 2 and "third message" in asked[1] and "second message" not in asked[1]
+
+
+async def test_the_interrupt_route_cancels_one_turn_queued_or_running(
+    config: Config, openai: ScriptedOpenAI
+) -> None:
+    """``POST …/interrupt {turn_id}`` (the client's ``cancel_turn``, what a cluster node
+    forwards to a conversation's owner) withdraws a queued turn and interrupts a running one."""
+    openai.push(Hang(text_before="first "), Reply("third answer"))
+    async with (serve_app(config) as server, AgentikAgent("t", server.url) as client,
+                httpx2.AsyncClient(base_url=server.url, timeout=10) as http):
+        conv = await client.create_conversation()
+        epoch = (await client.outbox.current_cursor()).epoch
+        async with open_sse(http, f"/agentik/conversations/{conv.id}/events",
+                            after=f"{epoch}:0") as stream:
+            first = await conv.send("first message")
+            with trio.fail_after(10):
+                await openai.wait_requests(1)
+            second = await conv.send("second message")
+            assert await client.cancel_turn(conv.id, second)  # queued: withdrawn, ended now
+            answers = [m.message for m in await client.journal.list(conversation_id=conv.id)
+                       if isinstance(m.message, AssistantMessage)]
+            assert [(a.turn_id, a.interrupted) for a in answers] == [(second, True)]
+            assert await client.cancel_turn(conv.id, first)  # running: interrupted
+            third = await conv.send("third message")
+            with trio.fail_after(20):
+                ended: list[str] = []
+                while third not in ended:
+                    frame = await stream.until("assistant_message")
+                    ended.append(msgspec.json.decode(frame[-1].data)["event"]["record"][
+                        "message"]["turn_id"])
+            assert not await client.cancel_turn(conv.id, first)  # ended: nothing to cancel
+            bad = await http.post(f"/agentik/conversations/{conv.id}/interrupt",
+                                  json={"turn_id": 5})
+            assert bad.status_code == 400
+            # The WebSocket's interrupt takes a turn_id too.
+            async with open_websocket_url(server.ws_url) as raw:
+                ws = WsClient(raw)
+                with trio.fail_after(10):
+                    done = await ws.call("interrupt", conversation_id=conv.id, turn_id=first)
+                    assert done["type"] == "reply" and done["result"] == {"interrupted": False}
+                    gone = await ws.call("interrupt", conversation_id="nope", turn_id=first)
+                    assert gone["type"] == "error" and gone["error"]["code"] == "not_found"
+    asked = [str(r["messages"]) for r in openai.requests]
+    assert len(asked) == 2 and "second message" not in asked[1], asked

@@ -35,7 +35,7 @@ from agentik.errors import (
 )
 from agentik.wire import AssistantMessage, CommonEvent, Cursor, Error, event_type
 from benchmarks.serverproc import free_port
-from tests.scripted_openai import Hang, ScriptedOpenAI
+from tests.scripted_openai import Hang, Reply, ScriptedOpenAI
 
 REPO = Path(__file__).resolve().parent.parent
 #: short for the test, long enough for 2 cores shared with other work (a node stops its actors
@@ -451,6 +451,37 @@ async def test_idle_passivation_then_a_message_on_the_other_node(
                 owner = conn.execute("SELECT node_id, fence FROM conv_owner WHERE conversation_id"
                                      " = %s", (conv.id,)).fetchone()
             assert owner == (a.name, 1)  # never taken over
+        finally:
+            await ca.close()
+            await cb.close()
+
+
+async def test_a_queued_turn_cancelled_through_the_other_node_never_runs(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """``cancel_turn`` at a node that does not own the conversation goes to its owner, which
+    withdraws the queued turn (issue 26: an A2A task is cancelled at whichever node the
+    CancelTask reaches): its ending is stored at once, and the model never sees it."""
+    async with cluster(pg_url, scripted, tmp_path) as (a, b):
+        ca, cb = AgentikAgent("ca", a.url), AgentikAgent("cb", b.url)
+        try:
+            reader_b = Reader(b)
+            async with trio.open_nursery() as background:
+                background.start_soon(reader_b.run, (await cb.outbox.current_cursor()).epoch)
+                cid, first = await _start_long_answer(ca, scripted)  # a owns it, mid-answer
+                second = await ca.send(cid, "second message")  # queued on a
+                assert await cb.cancel_turn(cid, second)  # b forwards it to a
+                answers = [(m.message.turn_id, m.message.interrupted)
+                           for m in await cb.journal.list(conversation_id=cid, limit=100)
+                           if isinstance(m.message, AssistantMessage)]
+                assert answers == [(second, True)]
+                assert await cb.cancel_turn(cid, first)  # the running one, through b too
+                scripted.push(Reply("third answer"))
+                third = await cb.send(cid, "third message")
+                await reader_b.wait_for(lambda: third in terminal_turns(reader_b.events))
+                background.cancel_scope.cancel()
+            assert terminal_turns(reader_b.events)[third] == ["assistant_message"]
+            assert not any("second message" in str(r["messages"]) for r in scripted.requests)
         finally:
             await ca.close()
             await cb.close()

@@ -18,13 +18,14 @@
 - ``check`` refuses an image part under the rules of every send (:mod:`agentik.content`).
 - ``cancel`` interrupts the conversation only while this task's own turn runs; a task whose
   message still waits in the mailbox has its turn withdrawn (``LocalAgent.cancel_turn``: it
-  ends Interrupted at once and is never run) and the facade marks it CANCELED.
-  In a cluster, a message queued on another node is not withdrawn (only marked CANCELED).
+  ends Interrupted at once and is never run; in a cluster the conversation's owner does it)
+  and the facade marks it CANCELED.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -176,7 +177,8 @@ class AgentikExecutor:
         with trio.move_on_after(CANCEL_WAIT):
             await turn.known.wait()  # the message is being stored: its turn id comes with it
         if turn.turn_id is not None:
-            await self.agent.cancel_turn(cid, turn.turn_id)
+            with contextlib.suppress(NotFoundError):  # deleted meanwhile: nothing left to run
+                await self.agent.cancel_turn(cid, turn.turn_id)
         return False
 
     async def execute(self, request: RequestContext, updater: TaskUpdater) -> None:

@@ -209,12 +209,14 @@ class Registry:
         """Withdraw the turn ``turn_id`` while it waits, or interrupt it while it runs
         (``ConversationHandle.cancel_turn``); False when it does neither here (ended, unknown,
         or its conversation is passivated: no turn waits then). Raises NotOwnerError when
-        another node owns the conversation."""
+        another node owns the conversation, NotFoundError for an unknown one."""
         handle = self.live.get(conversation_id)
         if handle is not None:
             return await handle.cancel_turn(turn_id)
         if self.deps.storage.leases is not None:
             await self.deps.storage.leases.check_remote(conversation_id)
+        if await self.deps.storage.reader.get_conversation(conversation_id) is None:
+            raise NotFoundError(f"conversation {conversation_id!r} not found")
         return False
 
     async def interrupt(self, conversation_id: str) -> bool:

@@ -39,6 +39,7 @@ from agentik.protocol import (
     AgentInfo,
     AgentList,
     CreateConversationBody,
+    InterruptBody,
     InterruptResult,
     MessageAccepted,
     RenameConversationBody,
@@ -201,6 +202,14 @@ class AgentikAgent:
 
     async def interrupt(self, conversation_id: str) -> bool:
         raw = await self._request("POST", f"{conversation_path(conversation_id)}/interrupt")
+        return decode_answer(raw, InterruptResult).interrupted
+
+    async def cancel_turn(self, conversation_id: str, turn_id: str) -> bool:
+        """Cancel one turn (its user message's id): withdrawn while it waits behind another
+        (it ends interrupted at once, never run), interrupted while it runs. False when it
+        has ended."""
+        raw = await self._request("POST", f"{conversation_path(conversation_id)}/interrupt",
+                                  content=encode(InterruptBody(turn_id=turn_id)))
         return decode_answer(raw, InterruptResult).interrupted
 
     async def send(

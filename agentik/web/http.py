@@ -34,6 +34,7 @@ from agentik.web.types import (
     CreateConversationBody,
     CursorPair,
     Health,
+    InterruptBody,
     InterruptResult,
     MessageAccepted,
     Readiness,
@@ -316,10 +317,12 @@ async def send_message(conversation_id: str) -> Response:
 
 @bp.post("/agentik/conversations/<conversation_id>/interrupt")
 async def interrupt(conversation_id: str) -> Response:
-    st = state()
-    agent = st.require_agent()
-    await read_body(st.cfg.max_body_bytes)  # none expected; read so the connection stays usable
-    interrupted = await agent.interrupt(conversation_id)
+    agent = state().require_agent()
+    body = await json_body(InterruptBody, empty=InterruptBody())
+    if body.turn_id is None:
+        interrupted = await agent.interrupt(conversation_id)
+    else:
+        interrupted = await agent.cancel_turn(conversation_id, body.turn_id)
     return json_response(InterruptResult(interrupted=interrupted), 202)
 
 

@@ -43,6 +43,7 @@ from agentik.web.types import (
     CursorPair,
     ErrorBody,
     Health,
+    InterruptBody,
     InterruptResult,
     MessageAccepted,
     Readiness,
@@ -161,7 +162,9 @@ ROUTES: tuple[Route, ...] = (
           MessageAccepted, body=SendMessageBody, params=(CID, IDEMPOTENCY_KEY),
           errors=(400, 404, 409, 413, 422, 429)),
     Route("post", "/agentik/conversations/{conversation_id}/interrupt", "interrupt",
-          "Cancel the running turn", 202, InterruptResult, params=(CID,), errors=(404,)),
+          "Cancel the running turn; with `turn_id`, that turn: withdrawn while it waits "
+          "(it ends interrupted at once, never run), interrupted while it runs", 202,
+          InterruptResult, body=InterruptBody, params=(CID,), errors=(400, 404)),
     Route("get", "/agentik/conversations/{conversation_id}/messages", "getMessages",
           "Messages by seq, paged", 200, list[MessageRecord],
           params=(CID, _int("after_seq", "only seq > after_seq"), _int("offset", "rows to skip"),

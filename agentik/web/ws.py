@@ -215,6 +215,9 @@ class Session:
                 idempotency_key=frame.idempotency_key)
             return MessageAccepted(message_id=message_id)
         if isinstance(frame, InterruptTurn):
+            if frame.turn_id is not None:
+                return InterruptResult(
+                    interrupted=await agent.cancel_turn(frame.conversation_id, frame.turn_id))
             return InterruptResult(interrupted=await agent.interrupt(frame.conversation_id))
         if isinstance(frame, RenameConversation):
             return await agent.rename_conversation(frame.conversation_id, frame.title)
