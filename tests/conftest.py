@@ -20,8 +20,8 @@ import pytest
 from agentik.config import Config
 from tests.scripted_openai import ScriptedOpenAI, open_scripted_openai
 
-#: the per-test time limit, trio-aware (tests/timeouts.py)
-pytest_plugins = ["tests.timeouts"]
+#: the per-test time limit, trio-aware (tests/trio_runs.py)
+pytest_plugins = ["tests.trio_runs"]
 
 #: seconds a test marked ``slow`` may take (the default, pyproject's ``timeout``, is for the rest)
 SLOW_TIMEOUT = 900

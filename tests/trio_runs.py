@@ -1,4 +1,7 @@
-"""The per-test time limit under trio (a pytest plugin, loaded by ``tests/conftest.py``).
+"""How a test's trio run ends, where pytest-timeout and pytest-trio get it wrong (a pytest plugin,
+loaded by ``tests/conftest.py``).
+
+The per-test time limit:
 
 pytest-timeout's own way (SIGALRM raising in the main thread) raises in the middle of trio's
 run loop: the test fails, but trio's run state is left behind, so every later test of the session
@@ -8,6 +11,9 @@ fails with "Timeout", and the next test starts on a clean loop. Outside a trio r
 or fixture) pytest-timeout's own handler applies. A run that does not end within
 :data:`GRACE` seconds of the cancel (a thread that cannot be cancelled, a shielded wait) ends
 the whole session, with every thread's stack, instead of hanging it.
+
+A skip inside a trio test: pytest-trio 0.8 re-raises it as ``pytest.skip()``, without its
+reason (``-rs`` printed "Skipped" at pytest's own line); the original is raised instead.
 """
 
 from __future__ import annotations
@@ -81,5 +87,17 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
     timeout = item.stash.get(TIMED_OUT, None)
     if timeout is not None:
         outcome.force_exception(pytest.fail.Exception(
-            f"Timeout (>{timeout:g}s): the test was cancelled (pytest-timeout, tests/timeouts.py)",
+            f"Timeout (>{timeout:g}s): the test was cancelled (pytest-timeout, tests/trio_runs.py)",
             pytrace=False))
+        return
+    skipped = outcome.excinfo[1] if outcome.excinfo else None
+    if isinstance(skipped, pytest.skip.Exception) and not skipped.msg:
+        leaves = _leaves(skipped.__context__)
+        if len(leaves) == 1 and isinstance(leaves[0], pytest.skip.Exception):
+            outcome.force_exception(leaves[0])
+
+
+def _leaves(exc: BaseException | None) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [] if exc is None else [exc]
