@@ -132,6 +132,28 @@ class LocalAgent:
         return None if leases is None else leases.not_ready()
 
     @property
+    def wants_node_address(self) -> bool:
+        """PostgreSQL cluster without AGENTIK_NODE_URL: whether this node would advertise an
+        address it learns now (:meth:`learn_node_address`); always False on SQLite."""
+        leases = self._deps.storage.leases
+        return leases is not None and leases.wants_addr
+
+    def learn_node_address(self, addr: str | None) -> None:
+        """The base URL a request reached this node at (None: it told none, e.g. a UNIX
+        socket): advertised to the other nodes for forwarded commands unless AGENTIK_NODE_URL
+        is set (docs/SCALEOUT.md)."""
+        leases = self._deps.storage.leases
+        if leases is not None:
+            leases.learn_addr(addr)
+
+    @property
+    def node_address_problem(self) -> str | None:
+        """PostgreSQL cluster: why other nodes cannot forward commands here (no
+        AGENTIK_NODE_URL and no address learned yet): ``/readyz`` names the setting."""
+        leases = self._deps.storage.leases
+        return None if leases is None else leases.addr_problem()
+
+    @property
     def task_records(self) -> TaskRecords:
         """Durable task records under the shared counter (the A2A facade's tasks, docs/A2A.md)."""
         return TaskRecords(self._deps.storage)

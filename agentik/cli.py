@@ -176,13 +176,14 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
     def on_fatal(exc: BaseException) -> None:
         died.set()  # the shutdown trigger below stops hypercorn gracefully
 
-    app = create_app(config, on_fatal=on_fatal, report_startup=False, tune_gc=True)
     hc = _hypercorn_config(config, host, graceful_timeout)
     # Bind before the runtime starts: a port in use is one clear line, not a runtime started
     # for nothing and a traceback.
     sockets = _bind(hc, config, host)
     if sockets is None:
         return 2
+    config = _with_node_url(config, host, sockets)
+    app = create_app(config, on_fatal=on_fatal, report_startup=False, tune_gc=True)
     # hypercorn logs "Running on ..." even when the lifespan start-up has just failed.
     quiet = _DropWhile(lambda: app.agentik.startup_error is not None)
     logging.getLogger("hypercorn.error").addFilter(quiet)
@@ -248,6 +249,17 @@ def _bind(hc: HypercornConfig, config: Config, host: str) -> Sockets | None:
     for sock in sockets.insecure_sockets:
         sock.listen(hc.backlog)
     return sockets
+
+
+def _with_node_url(config: Config, host: str, sockets: Sockets) -> Config:
+    """A cluster node bound to one address knows the base URL the other nodes forward commands
+    to (port 0: the one picked); AGENTIK_NODE_URL, when set, wins. A wildcard bind (0.0.0.0,
+    ::) names no address: the node learns it from the requests it gets (``web.app``)."""
+    if not config.database_url or config.node_url or host.strip("[]") in ("", "0.0.0.0", "::"):
+        return config
+    port = sockets.insecure_sockets[0].getsockname()[1]
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    return config.replace(node_url=f"http://{shown}:{port}")
 
 
 async def _until_signal_or_death(signals: AsyncIterator[int], died: trio.Event) -> None:

@@ -153,7 +153,8 @@ class ToolServerProblem(Wire, frozen=True, kw_only=True):
 class Readiness(Wire, frozen=True, kw_only=True):
     """``GET /readyz``. ``status``: ``ready`` (200); ``degraded`` (200: serving, but the MCP
     servers in ``tools`` failed, so their tools are missing, or the model's server did not answer
-    when last asked: ``model_reachable`` false, turns fail until it does); ``not_ready`` (503:
+    when last asked: ``model_reachable`` false, turns fail until it does, or a cluster node has
+    no address the others can forward commands to: AGENTIK_NODE_URL); ``not_ready`` (503:
     the runtime is not running, storage refuses writes, or a cluster node cannot heartbeat its
     leases). ``reasons``: one line per problem, in that order.
     ``runtime``: starting | running | stopping | dead. ``storage`` is absent while the runtime

@@ -11,7 +11,7 @@ Here: the app class, the request hooks (auth, access log) and the error handlers
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
@@ -142,12 +142,15 @@ def create_app(
 async def _before_request() -> Response | None:
     """Auth for every route but ``/healthz`` and ``auth.PUBLIC_ENDPOINTS``."""
     g.agentik_started = time.perf_counter()
+    st = state()
+    agent = st.agent
+    if agent is not None and agent.wants_node_address:  # a cluster node without AGENTIK_NODE_URL
+        agent.learn_node_address(base_url(request.scope))
     preflight = _cors_preflight()
     if preflight is not None:
         return preflight
     if request.path == "/healthz" or request.endpoint in auth.PUBLIC_ENDPOINTS:
         return None
-    st = state()
     if st.config is None:
         return None  # not started: the route answers 503
     try:
@@ -159,6 +162,20 @@ async def _before_request() -> Response | None:
     except AgentikError as exc:
         return error_response(exc)
     return None
+
+
+def base_url(scope: Mapping[str, Any]) -> str | None:
+    """The base URL a request reached this server at: its scheme and the local address of its
+    connection (ASGI ``server``), never the Host header (behind a load balancer that names the
+    balancer, not this node). None when the connection has no such address (a UNIX socket)."""
+    server = scope.get("server")
+    if not server or server[1] is None:
+        return None
+    host, port = str(server[0]), int(server[1])
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+    return f"{scheme}://{host}:{port}"
 
 
 def _cors_origins() -> tuple[str, ...]:

@@ -155,7 +155,8 @@ async def readyz() -> Response:
     """Readiness: 503 ``not_ready`` while the runtime is not running, storage refuses writes
     (the writer's last commit or probe failed) or, in a PostgreSQL cluster, the node cannot
     heartbeat its leases (so it cannot run conversations); else 200, ``degraded`` when MCP
-    servers failed or the model's server does not answer. Neither makes the node unready, on
+    servers failed, the model's server does not answer, or a cluster node has no address for
+    forwarded commands (the reason names AGENTIK_NODE_URL). None makes the node unready, on
     purpose: every node has the same servers and the same model, conversations still run (without
     those tools) or fail their turns with an error, and taking every node out of a load balancer
     would not bring the server back; ``tools``, ``model_reachable`` and ``reasons`` say which
@@ -193,7 +194,10 @@ async def readyz() -> Response:
     model_error = agent.model_error
     if model_error is not None:
         reasons.append("the model does not answer" + (f": {model_error}" if detail else ""))
-    degraded = bool(problems) or model_error is not None
+    address = agent.node_address_problem  # other nodes' sends to its conversations get 503
+    if address is not None:
+        reasons.append(address)
+    degraded = bool(problems) or model_error is not None or address is not None
     status = "not_ready" if not ready else "degraded" if degraded else "ready"
     body = Readiness(
         status=status, runtime="running", reasons=reasons, tools=problems,

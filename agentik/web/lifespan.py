@@ -58,7 +58,11 @@ async def start_runtime(app: QuartTrio, st: WebState) -> None:
             log.critical(message)
         process.end_failed_startup(exc, reported=reported)  # under hypercorn's CLI: leave now
         raise StartupFailed(message) from None
-    log.info("agentik runtime started (database %s, epoch %s)", st.config.database, st.require_agent().id)
+    agent = st.require_agent()
+    log.info("agentik runtime started (database %s, epoch %s)", st.config.database, agent.id)
+    if agent.node_address_problem is not None:
+        log.info("AGENTIK_NODE_URL is not set: this node advertises the address its first "
+                 "request arrives at to the other nodes, for the commands they forward")
 
 
 async def hold_runtime(

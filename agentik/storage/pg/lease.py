@@ -19,6 +19,7 @@ fencing (SCALEOUT.md, "Conversation ownership").
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import trio
@@ -69,6 +71,17 @@ LIMIT 50
 """
 
 
+def is_loopback(addr: str) -> bool:
+    """Whether a base URL names this host only (127.0.0.0/8, ::1, localhost)."""
+    host = urlsplit(addr).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def default_node_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -80,7 +93,11 @@ class Leases:
         self.url = url
         self.node_id = node_id or default_node_id()
         self.ttl = ttl
+        #: the base URL advertised for forwarded commands (``nodes.addr``): AGENTIK_NODE_URL,
+        #: else learned (:meth:`learn_addr`)
         self.addr = addr
+        self.addr_configured = addr is not None
+        self._addr_warned = False
         self.fences: dict[str, int] = {}
         self.healthy = False
         #: why the last heartbeat failed; None after a successful one (``not_ready``)
@@ -181,6 +198,48 @@ class Leases:
                 conn, box[0] = box[0], None
                 if conn is not None:
                     conn.close()
+
+    @property
+    def wants_addr(self) -> bool:
+        """Whether an address learned now could be advertised (none configured, none known,
+        or only a loopback one): the web front asks before it looks at a request."""
+        return not self.addr_configured and (self.addr is None or is_loopback(self.addr))
+
+    def learn_addr(self, addr: str | None) -> None:
+        """An address this node is reached at (``agentik serve``'s bind, the address a request
+        arrived at; None: a request that told none, e.g. over a UNIX socket). Without
+        AGENTIK_NODE_URL the first one is advertised at once, and a loopback one gives way to
+        another, so other nodes can forward commands here; nothing replaces a configured or
+        routable one (a request through a proxy on the same host must not hide it)."""
+        if addr is None:
+            if self.addr is None and not self._addr_warned:
+                self._addr_warned = True
+                log.warning("node %s: AGENTIK_NODE_URL is not set and a request arrived without "
+                            "a server address: other nodes cannot forward commands here until "
+                            "it is set", self.node_id)
+            return
+        if not self.wants_addr or addr == self.addr or (
+                self.addr is not None and is_loopback(addr)):
+            return
+        self.addr = addr
+        log.info("node %s: advertising %s for forwarded commands (learned; AGENTIK_NODE_URL "
+                 "sets it)", self.node_id, addr)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._advertise)
+
+    async def _advertise(self) -> None:
+        """A heartbeat now, so the new address is in ``nodes`` before the next one is due."""
+        try:
+            await self._heartbeat()
+        except StorageError as exc:  # the heartbeat loop writes it on its next round
+            log.warning("node %s: advertising its address failed: %s", self.node_id, exc)
+
+    def addr_problem(self) -> str | None:
+        """Why other nodes cannot forward commands here (``/readyz``), None when they can."""
+        if self.addr is not None:
+            return None
+        return (f"node {self.node_id} has no address for commands forwarded by other nodes: "
+                "set AGENTIK_NODE_URL (its base URL as they reach it)")
 
     def not_ready(self) -> str | None:
         """Why this node cannot run conversations now (``/readyz``): its last heartbeat failed,
