@@ -97,6 +97,21 @@ async def test_without_a_window_the_server_decides(config: Config, scripted: Scr
     assert asked == ["v1/models", "props", "api/v0/models/scripted", "api/ps", "api/show"]
 
 
+async def test_answers_of_another_shape_are_no_window_and_no_crash(
+    config: Config, scripted: ScriptedOpenAI
+) -> None:
+    """Routes that answer JSON of another shape (a server that is none of these): no window,
+    the server answers, the runtime runs on."""
+    scripted.model_fields = {"meta": "x", "max_model_len": "2048"}
+    scripted.root_routes = {"props": [1], "api/v0/models/scripted": {"loaded_context_length": -1},
+                            "api/ps": {"models": 5}, "api/show": {"model_info": [], "parameters": 3}}
+    async with open_runtime(config) as agent:
+        conv = await agent.create_conversation()
+        await run_turn(agent, conv, "hello")
+        assert agent.model_error is None
+    assert "max_completion_tokens" not in scripted.requests[0]
+
+
 async def test_a_configured_window_asks_only_whether_the_server_answers(
     config: Config, scripted: ScriptedOpenAI
 ) -> None:

@@ -71,7 +71,8 @@ def lmstudio_window(body: Mapping[str, Any]) -> int | None:
 
 def ollama_ps_window(body: Mapping[str, Any], model: str) -> int | None:
     """Ollama ``/api/ps``: the window ``model`` is loaded with (absent when it is not loaded)."""
-    for entry in body.get("models") or ():
+    models = body.get("models")
+    for entry in models if isinstance(models, list) else ():
         if isinstance(entry, Mapping) and model in (entry.get("name"), entry.get("model")):
             return _positive(entry.get("context_length"))
     return None
@@ -118,7 +119,8 @@ async def survey(
                 return await _survey(http, base, model, want_window)
     except trio.TooSlowError:
         return Survey(f"the LLM endpoint {base} did not answer within {timeout:g} s")
-    except httpx2.HTTPError as exc:
+    except Exception as exc:  # whatever the server or the transport did: an answer, not a crash
+        # (the runtime asks in its root nursery: an escaping error would end the server)
         return Survey(f"cannot reach the LLM endpoint {base}: {type(exc).__name__}: {exc}")
 
 
@@ -168,6 +170,7 @@ def _json(response: httpx2.Response) -> Mapping[str, Any]:
 def _entry(listing: Mapping[str, Any], model: str) -> Mapping[str, Any]:
     """The listing's entry of ``model``; the only entry when there is one (llama.cpp lists its
     one model under its file name, whatever name the request uses)."""
-    data = [e for e in listing.get("data") or () if isinstance(e, Mapping)]
+    listed = listing.get("data")
+    data = [e for e in listed if isinstance(e, Mapping)] if isinstance(listed, list) else []
     named = [e for e in data if e.get("id") == model]
     return named[0] if named else data[0] if len(data) == 1 else {}
