@@ -2,20 +2,25 @@
 
 One line per item, ``ok`` or ``failed`` and why: the settings, the database (there and
 writable), the model (the openai endpoint lists its models or answers a one-token request; the
-litert engine loads the model file), each MCP server (started, its tools listed). The exit status
+litert engine loads the model file), each MCP server (started, its tools listed). With an agents
+file (docs/AGENTS.md): the file (one line per mistake), each agent's model, and the tools each
+agent may use (a ``tools`` pattern that matches no tool of a connected server fails). The exit status
 is 0 only when every item is usable, 2 when one failed for a bad setting (a value, or an extra
 the setting needs that is not installed), else 1.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
 from agentik.config import Config
 from agentik.errors import AgentikError, ConfigError
+from agentik.profiles import AgentsFileError, Profiles
 
 #: seconds each item may take (a model or MCP server that does not answer is a failure)
 ITEM_TIMEOUT = 30.0
@@ -38,11 +43,18 @@ async def run_checks(config: Config, emit: Callable[[Item], None]) -> int:
     the module docstring)."""
     items = [Item("config", True, _describe(config))]
     emit(items[0])
-    for name, check in (("database", _database), ("model", _model)):
-        item = await _timed(name, check, config)
+    profiles = await _profiles(config, items, emit)
+    models = [("model", config)] if not config.agents_path or profiles is None else [
+        (f"agent {p.id} model", p.llm_config(config)) for p in profiles.agents]
+    for name, check, settings in [("database", _database, config),
+                                  *((n, _model, s) for n, s in models)]:
+        item = await _timed(name, check, settings)
         items.append(item)
         emit(item)
-    for item in await _mcp(config):
+    mcp_items, status = await _mcp(config)
+    if config.agents_path and profiles is not None:
+        mcp_items += _agent_tools(profiles, status)
+    for item in mcp_items:
         items.append(item)
         emit(item)
     if all(item.ok for item in items):
@@ -70,6 +82,50 @@ async def _timed(name: str, check: Callable[[Config], object], config: Config) -
     except Exception as exc:  # a check must report, never crash
         return Item(name, False, f"{type(exc).__name__}: {exc}")
     return Item(name, True, str(detail))
+
+
+async def _profiles(
+    config: Config, items: list[Item], emit: Callable[[Item], None]
+) -> Profiles | None:
+    """The agents (the agents file's, else the one default); None after reporting its
+    mistakes, one item each."""
+    from agentik.runtime import load_profiles
+
+    try:
+        profiles = await load_profiles(config)
+    except AgentsFileError as exc:
+        failed = [Item("agents", False, line, bad_setting=True) for line in exc.problems]
+    except ConfigError as exc:  # mcp.json, read to check the agents' servers
+        failed = [Item("agents", False, str(exc), bad_setting=True)]
+    else:
+        if config.agents_path:
+            ok = Item("agents", True, f"{len(profiles.agents)} agent(s): "
+                      f"{', '.join(profiles.ids)}; default {profiles.default}")
+            items.append(ok)
+            emit(ok)
+        return profiles
+    for item in failed:
+        items.append(item)
+        emit(item)
+    return None
+
+
+def _agent_tools(profiles: Profiles, status: list[dict[str, Any]]) -> list[Item]:
+    """The tools each agent may use among those of the connected servers; a ``tools`` pattern
+    matching none of them fails (a typo, or a server that did not connect)."""
+    offered = [(t, s["name"]) for s in status if s["state"] == "connected" for t in s["tools"]]
+    items = []
+    for profile in profiles.agents:
+        allowed = [t for t, server in offered if profile.allows_tool(t, server)]
+        unmatched = [p for p in profile.tools or () if not any(
+            fnmatch.fnmatchcase(t, p) for t in allowed)]
+        name = f"agent {profile.id} tools"
+        if unmatched:
+            items.append(Item(name, False, f"no tool matches {', '.join(map(repr, unmatched))}"))
+        else:
+            items.append(Item(name, True, f"{len(allowed)} tool(s)" + (
+                f": {', '.join(allowed)}" if allowed else "")))
+    return items
 
 
 async def _database(config: Config) -> str:
@@ -104,10 +160,11 @@ async def _model(config: Config) -> str:
         await engine.aclose()
 
 
-async def _mcp(config: Config) -> list[Item]:
-    """One item per configured MCP server: started (or reached) and its tools listed."""
+async def _mcp(config: Config) -> tuple[list[Item], list[dict[str, Any]]]:
+    """One item per configured MCP server: started (or reached) and its tools listed; and the
+    servers' status."""
     if not config.mcp_config:
-        return []
+        return [], []
     from agentik.tools.config import load_mcp_config
     from agentik.tools.mcp import run_mcp_registry
 
@@ -116,7 +173,7 @@ async def _mcp(config: Config) -> list[Item]:
     try:
         await load_mcp_config(config.mcp_config)
     except ConfigError as exc:  # a missing or malformed mcp.json
-        return [Item("mcp", False, str(exc), bad_setting=True)]
+        return [Item("mcp", False, str(exc), bad_setting=True)], []
     async with trio.open_nursery() as nursery:
         registry = await nursery.start(run_mcp_registry, config)
         names = [s["name"] for s in registry.status()]
@@ -134,4 +191,4 @@ async def _mcp(config: Config) -> list[Item]:
         else:
             why = server["error"] or f"still {server['state']} after {ITEM_TIMEOUT:g} s"
             items.append(Item(name, False, why))
-    return items
+    return items, status

@@ -88,3 +88,36 @@ async def test_agentik_chat_with_one_agent_asks_nothing(
     out = proc.stdout.decode()
     assert proc.returncode == 0 and "agent: echo: hi" in out, (out, proc.stderr)
     assert "Agents:" not in out and "pick an agent" not in out, out
+
+
+async def test_agentik_check_checks_every_agent_model_and_tools(
+    tmp_path: Path, models: tuple[ScriptedOpenAI, ScriptedOpenAI]
+) -> None:
+    from tests.test_cli_check import run
+    from tests.test_web_lifespan import env_for
+
+    a, b = models
+    config = two_agents(tmp_path, a, b)
+    assert config.agents_path is not None and config.mcp_config is not None
+    env = env_for(tmp_path, AGENTIK_AGENTS=config.agents_path, AGENTIK_MCP_CONFIG=config.mcp_config)
+    code, out = await run(["check"], env, tmp_path)
+    lines = {line.split(":")[0].split(None, 1)[1]: line for line in out.strip().splitlines()}
+    assert code == 0, out
+    assert lines["agents"].startswith("ok") and "support, coder; default coder" in out, out
+    assert lines["agent support model"].startswith("ok") and a.base_url.rstrip("/") in out, out
+    assert lines["agent coder model"].startswith("ok") and b.base_url.rstrip("/") in out, out
+    assert lines["agent support tools"].startswith("ok") and "toolbox__echo" in out, out
+    assert "other__" not in lines["agent support tools"], out
+    assert lines["agent coder tools"] == "ok     agent coder tools: 0 tool(s)", out
+
+    # a pattern that matches no tool fails, as does an agents file with mistakes (exit 2)
+    agents = trio.Path(config.agents_path)
+    await agents.write_text((await agents.read_text()).replace('mcp_servers = ["toolbox"]',
+                                                               'tools = ["toolbox__ech"]'))
+    code, out = await run(["check"], env, tmp_path)
+    assert code == 1, out
+    assert "failed agent support tools: no tool matches 'toolbox__ech'" in out, out
+    await agents.write_text('[agents.x]\nbackend = "ollama"\n')
+    code, out = await run(["check"], env, tmp_path)
+    assert code == 2, out
+    assert "failed agents: agent 'x': field 'backend': unknown backend 'ollama'" in out, out
