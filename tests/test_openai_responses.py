@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from agentik.config import Config
+from agentik.wire import Deleted
 from tests.scripted_openai import Hang, Reply, ScriptedOpenAI, open_scripted_openai
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     Server,
@@ -255,3 +256,37 @@ async def test_each_agent_is_a_model_for_responses(tmp_path: Any) -> None:
                 assert "belongs to the model (agent) 'support'" in info.value.message
                 with pytest.raises(openai.NotFoundError):
                     await sdk.responses.create(model="default", input="hi")
+
+
+async def test_unstored_response_and_a_reader_gone(server: Server,
+                                                   scripted: ScriptedOpenAI) -> None:
+    with trio.fail_after(30):
+        sdk = client(server)
+        cursor = await server.agent.outbox.current_cursor()
+        answer = await sdk.responses.create(model="default", input="forget me", store=False)
+        assert answer.output_text == "echo: forget me" and answer.conversation is None
+        async for event in server.agent.outbox.agent_events(cursor):
+            if isinstance(event.event, Deleted):
+                break  # its temporary conversation, once the turn was over
+        with pytest.raises(openai.NotFoundError):
+            await sdk.responses.retrieve(answer.id)
+        # a reader that goes away mid-stream releases its stream; the response goes on
+        gate = trio.Event()
+        scripted.push(Reply(["one ", "two"], gate=gate))
+        mount = server.app.agentik_openai  # type: ignore[attr-defined]
+        stream = await sdk.responses.create(model="default", input="go", stream=True)
+        first = [e async for e in _until_delta(stream)]
+        await stream.close()
+        await mount.wait_open_streams(0)
+        live = mount.require().live[first[0].response.id]  # held by the gate until now
+        gate.set()
+        await live.ended()
+        done = await sdk.responses.retrieve(first[0].response.id)
+        assert done.status == "completed" and done.output_text == "one two"
+
+
+async def _until_delta(stream: Any) -> AsyncIterator[Any]:
+    async for event in stream:
+        yield event
+        if event.type == "response.output_text.delta":
+            return
