@@ -229,3 +229,37 @@ async def test_the_openai_front_door_has_a_model_per_agent(
             "model": "coder", "messages": [{"role": "user", "content": "hi"}]})
         assert other.status_code == 409, other.text
         assert "belongs to the model (agent) 'support'" in other.json()["error"]["message"]
+
+
+async def test_litert_agents_load_each_model_file_once(tmp_path: Path) -> None:
+    """Two agents on one file (same settings) share one engine; an agent on another file has
+    its own; each file is loaded once, at start-up, and each agent's turn runs on its own."""
+    from tests.models import MODELS, TINY
+
+    other = MODELS / "tiny-random-serve.litertlm"
+    pytest.importorskip("litert_lm")
+    if not (TINY.is_file() and other.is_file()):
+        pytest.skip(f"needs the test models {TINY} and {other}")
+    from agentik.llm.litert import LiteRtLlm
+
+    path = tmp_path / "agents.toml"
+    path.write_text(f'[agents.one]\nbackend = "litert"\nmodel_path = "{TINY}"\n'
+                    f'max_output_tokens = 4\n'
+                    f'[agents.two]\nbackend = "litert"\nmodel_path = "{TINY}"\n'
+                    f'max_output_tokens = 4\ninstructions = "two"\n'
+                    f'[agents.three]\nbackend = "litert"\nmodel_path = "{other}"\n'
+                    f'max_output_tokens = 4\n')
+    config = Config(db_path=str(tmp_path / "agentik.db"), agents_path=str(path))
+    async with open_runtime(config) as agent:
+        parts = agent._deps.agents
+        one, two, three = parts["one"].llm, parts["two"].llm, parts["three"].llm
+        assert one is two and one is not three
+        assert isinstance(one, LiteRtLlm) and isinstance(three, LiteRtLlm)
+        assert (one.model_path, three.model_path) == (str(TINY), str(other))
+        assert one.loaded and three.loaded  # at start-up
+        engines = (one.engine, three.engine)
+        for agent_id in ("two", "three"):
+            conv = await agent.create_conversation(agent=agent_id)
+            data = await turn(agent, conv.id, "hi")
+            assert any(type(d).__name__ == "AssistantMessageEvent" for d in data), data
+        assert (one.engine, three.engine) == engines  # no engine was made again
