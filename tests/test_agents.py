@@ -20,7 +20,7 @@ from agentik import Config, open_runtime
 from agentik.errors import NotFoundError
 from agentik.tools.base import AllowedTools
 from agentik.tools.mcp import McpRegistry
-from agentik.wire import ToolFailed, ToolResultEvent
+from agentik.wire import AssistantMessageEvent, ToolFailed, ToolResultEvent
 from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls, open_scripted_openai
 from tests.test_runtime import is_type, take_until
 from tests.test_tools_mcp import stdio_entry, write_config
@@ -263,3 +263,30 @@ async def test_litert_agents_load_each_model_file_once(tmp_path: Path) -> None:
             data = await turn(agent, conv.id, "hi")
             assert any(type(d).__name__ == "AssistantMessageEvent" for d in data), data
         assert (one.engine, three.engine) == engines  # no engine was made again
+
+
+async def test_each_agent_has_its_own_context_window(
+    tmp_path: Path, models: tuple[ScriptedOpenAI, ScriptedOpenAI]
+) -> None:
+    """The window an agent's compaction and budgets use is its own: a message too big for one
+    agent's window fails there (context_window) and is answered by the other agent."""
+    a, _ = models
+    path = tmp_path / "agents.toml"
+    path.write_text(f'[agents.small]\nbase_url = "{a.base_url}"\ncontext_window = 256\n'
+                    f'max_output_tokens = 32\n[agents.big]\nbase_url = "{a.base_url}"\n')
+    config = Config(db_path=str(tmp_path / "agentik.db"), agents_path=str(path),
+                    llm_max_retries=0)
+    long = "word " * 600
+    async with open_runtime(config) as agent:
+        small = await agent.create_conversation(agent="small")
+        big = await agent.create_conversation(agent="big")
+        cursor = await agent.outbox.current_cursor()
+        await agent.send(small.id, long)
+        events = await take_until(agent.outbox.conversation_events(cursor, small.id),
+                                  is_type("error"), WAIT)
+        error = events[-1].event.record.message  # type: ignore[union-attr]
+        assert error.code == "context_window", error  # type: ignore[union-attr]
+        assert not a.requests  # refused before asking the model
+        data = await turn(agent, big.id, long)
+        assert any(isinstance(d, AssistantMessageEvent) for d in data), data
+        assert len(a.requests) == 1 and "max_completion_tokens" not in a.requests[0]
