@@ -192,13 +192,18 @@ async def test_a_conversation_continued_by_id_over_five_turns(server: Server) ->
             model="default", messages=[user("turn 6")],
             metadata={"agentik_conversation_id": cid})
         assert answer.choices[0].message.content == "echo: turn 6"
+        # system messages are not history: with only them before it, the message continues
+        answer = await client.chat.completions.create(
+            model="default", messages=[{"role": "system", "content": "Be kind."}, user("turn 7")],
+            extra_headers={CID: cid})
+        assert answer.choices[0].message.content == "echo: turn 7"
         # an edited history is a conflict, and nothing is stored
         with pytest.raises(openai.ConflictError) as info:
             await client.chat.completions.create(
                 model="default", messages=[user("turn 1"), assistant("edited"), user("again")],
                 extra_headers={CID: cid})
         assert info.value.status_code == 409
-        assert len(await (await server.agent.get_conversation(cid)).get_messages()) == 12  # type: ignore[union-attr]
+        assert len(await (await server.agent.get_conversation(cid)).get_messages()) == 14  # type: ignore[union-attr]
         with pytest.raises(openai.NotFoundError):
             await client.chat.completions.create(
                 model="default", messages=[user("x")], extra_headers={CID: "nope"})

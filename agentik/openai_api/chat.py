@@ -198,8 +198,7 @@ def transcript(records: Sequence[MessageRecord]) -> list[Entry]:
 def history_matches(sent: Sequence[Entry], stored: Sequence[Entry]) -> bool:
     """The caller's history is the stored one, or none at all. System and developer messages
     are not compared: a conversation keeps the instructions it started with."""
-    if not sent:
-        return True
     given = [e for e in sent if e.role != "system"]
-    have = [e for e in stored if e.role != "system"]
-    return given == have
+    if not given:
+        return True
+    return given == [e for e in stored if e.role != "system"]

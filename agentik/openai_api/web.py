@@ -19,6 +19,7 @@ from agentik.errors import (
     ConflictError,
     InvalidInputError,
     ModelNotFoundError,
+    NotFoundError,
     UnsupportedParameterError,
     http_status,
 )
@@ -38,7 +39,7 @@ from agentik.openai_api.types import (
 from agentik.web._state import state
 from agentik.web.errors import headers_of
 from agentik.web.http import read_body
-from agentik.wire import Content, MessageContext, MessageOrigin
+from agentik.wire import Content, ConversationRecord, MessageContext, MessageOrigin
 
 bp = Blueprint("agentik_openai", __name__)
 
@@ -166,6 +167,13 @@ def _given_conversation(req: ChatRequest) -> str | None:
     return (req.metadata or {}).get(METADATA_KEY) or None
 
 
+async def _record(conversation_id: str) -> ConversationRecord:
+    conv = await state().require_agent().get_conversation(conversation_id)
+    if conv is None:
+        raise NotFoundError(f"conversation {conversation_id!r} not found")
+    return conv.record
+
+
 async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
                  ) -> tuple[TurnRun, str | None]:
     """The request's turn started in the conversation it continues or seeds; and the id to
@@ -181,12 +189,14 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
                                                agent=req.model)
         given = conv.id
     if given is not None:
-        snapshot = await agent.chat_snapshot(given)
-        owner = agent.agent_of(snapshot.conversation.agent)
+        # Only the new message: the conversation's record is enough (no history to check).
+        snapshot = None if not history else await agent.chat_snapshot(given)
+        record = snapshot.conversation if snapshot is not None else await _record(given)
+        owner = agent.agent_of(record.agent)
         if owner != req.model:
             raise ConflictError(f"conversation {given!r} belongs to the model (agent) {owner!r}, "
                                 f"not {req.model!r}")
-        if not snapshot.messages:  # a fresh one (Open WebUI's first message): seeded
+        if snapshot is None or not snapshot.messages:  # none, or a fresh one: seeded
             content, context = chat.seed_content(history, new, origin)
         else:
             if not chat.history_matches(history, chat.transcript(snapshot.messages)):
