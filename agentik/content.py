@@ -59,7 +59,8 @@ def check_content(content: Sequence[Content], rules: ImageRules) -> None:
 
 def check_image(image: Image, rules: ImageRules, where: str = "image") -> None:
     """See :func:`check_content`."""
-    if image.mime not in rules.types:
+    signature = SIGNATURES.get(image.mime)
+    if image.mime not in rules.types or signature is None:
         raise InvalidInputError(
             f"{where}: image type {image.mime[:100]!r} is not accepted "
             f"(accepted: {', '.join(rules.types)})")
@@ -79,7 +80,7 @@ def check_image(image: Image, rules: ImageRules, where: str = "image") -> None:
         raise PayloadTooLargeError(
             f"{where}: an image of {len(raw)} bytes is over the limit of {rules.max_bytes} "
             "bytes (AGENTIK_MAX_IMAGE_BYTES)")
-    if not SIGNATURES[image.mime](raw[:16]):
+    if not signature(raw[:16]):
         raise InvalidInputError(
             f"{where}: image data is not {image.mime} (its bytes do not start as such a "
             "file's do)")

@@ -85,6 +85,10 @@ def test_the_rule_accepts_the_four_types_and_refuses_everything_else() -> None:
     # A narrower allow-list refuses the rest; the size limit is a 413 before and after decoding.
     with pytest.raises(InvalidInputError, match="'image/gif' is not accepted"):
         check_content(GOOD, ImageRules(types=("image/png", "image/jpeg")))
+    # A type agentik cannot check is refused even when an embedder's rules allow it.
+    with pytest.raises(InvalidInputError, match="'image/bmp' is not accepted"):
+        check_content([Image(b64(b"BM" + bytes(20)), "image/bmp")],
+                      ImageRules(types=("image/png", "image/bmp")))
     check_content([Image(b64(PNG), "image/png")], ImageRules(max_bytes=len(PNG)))
     for limit in (len(PNG) - 1, 4):
         with pytest.raises(PayloadTooLargeError, match="AGENTIK_MAX_IMAGE_BYTES"):
