@@ -353,3 +353,28 @@ async def test_a_client_gone_mid_stream_releases_the_turn(
         await mount.wait_open_streams(0)
         # the temporary conversation is deleted, which ends its turn
         await all_deleted(server, cursor, 1)
+
+
+async def test_open_webui_chat_id_keys_one_conversation(server: Server,
+                                                        scripted: ScriptedOpenAI) -> None:
+    with trio.fail_after(30):
+        client = aclient(server)
+        chat = {"X-OpenWebUI-Chat-Id": "chat-42"}
+        system = {"role": "system", "content": "You are terse."}
+        first = await client.chat.completions.create(
+            model="default", messages=[system, user("hello")], extra_headers=chat)
+        sent = scripted.requests[-1]["messages"][-1]["content"]
+        assert "You are terse." in (sent if isinstance(sent, str) else str(sent))
+        text = first.choices[0].message.content or ""
+        second = await client.chat.completions.create(
+            model="default", messages=[system, user("hello"), assistant(text), user("more")],
+            extra_headers=chat)
+        assert second.choices[0].message.content == "echo: more"
+        [cid] = await conversations(server)
+        record = (await server.agent.get_conversation(cid)).record  # type: ignore[union-attr]
+        assert record.title == "Open WebUI chat chat-42"
+        # a regenerated answer: the history no longer matches, nothing is stored
+        with pytest.raises(openai.ConflictError):
+            await client.chat.completions.create(
+                model="default", messages=[system, user("hello")], extra_headers=chat)
+        assert len(await (await server.agent.get_conversation(cid)).get_messages()) == 4  # type: ignore[union-attr]

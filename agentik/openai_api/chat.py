@@ -195,10 +195,13 @@ def transcript(records: Sequence[MessageRecord]) -> list[Entry]:
     return out
 
 
-def history_matches(sent: Sequence[Entry], stored: Sequence[Entry]) -> bool:
-    """The caller's history is the stored one, or none at all. System and developer messages
-    are not compared: a conversation keeps the instructions it started with."""
+def history_matches(sent: Sequence[Entry], stored: Sequence[Entry], *, whole: bool = False
+                    ) -> bool:
+    """The caller's history is the stored one, or none at all (unless ``whole``: a caller that
+    always sends the whole exchange, as Open WebUI does, so a regenerated first answer is told
+    from a new message). System and developer messages are not compared: a conversation keeps
+    the instructions it started with."""
     given = [e for e in sent if e.role != "system"]
-    if not given:
+    if not given and not whole:
         return True
     return given == [e for e in stored if e.role != "system"]

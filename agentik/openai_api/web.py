@@ -183,6 +183,7 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
     given = _given_conversation(req)
     chat_id = request.headers.get(OPEN_WEBUI_CHAT)
     origin = "chat.completions"
+    whole = given is None and bool(chat_id)  # Open WebUI sends the whole exchange each time
     if given is None and chat_id:
         conv = await agent.create_conversation(title=f"Open WebUI chat {chat_id[:100]}",
                                                idempotency_key=f"openwebui-chat:{chat_id[:200]}",
@@ -190,7 +191,7 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
         given = conv.id
     if given is not None:
         # Only the new message: the conversation's record is enough (no history to check).
-        snapshot = None if not history else await agent.chat_snapshot(given)
+        snapshot = None if not history and not whole else await agent.chat_snapshot(given)
         record = snapshot.conversation if snapshot is not None else await _record(given)
         owner = agent.agent_of(record.agent)
         if owner != req.model:
@@ -199,7 +200,8 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
         if snapshot is None or not snapshot.messages:  # none, or a fresh one: seeded
             content, context = chat.seed_content(history, new, origin)
         else:
-            if not chat.history_matches(history, chat.transcript(snapshot.messages)):
+            if not chat.history_matches(history, chat.transcript(snapshot.messages),
+                                        whole=whole):
                 raise ConflictError(
                     f"the messages before the last one differ from conversation {given!r}'s "
                     "history (an edited or regenerated exchange): send only the new message, "
