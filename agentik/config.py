@@ -176,7 +176,7 @@ class Config:
         get("AGENTIK_SUMMARY_MAX_TOKENS", "summary_max_tokens", v.non_negative_int)
         get("AGENTIK_MCP_CONFIG", "mcp_config", str)
         get("AGENTIK_AGENTS", "agents_path", str)
-        get("AGENTIK_TEMPERATURE", "temperature", _temperature)
+        get("AGENTIK_TEMPERATURE", "temperature", v.number(0.0, 2.0))
         get("AGENTIK_TOKENS", "tokens", v.tokens, secret=True)
         get("AGENTIK_OUTBOX_CAP", "outbox_cap", v.positive_int)
         get("AGENTIK_OUTBOX_TTL", "outbox_ttl", v.seconds)
@@ -236,13 +236,6 @@ class Config:
         query = "&".join("password=***" if q.lower().startswith("password=") else q
                          for q in parts.query.split("&")) if parts.query else ""
         return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def _temperature(raw: str) -> float:
-    value = float(raw)
-    if not 0 <= value <= 2:
-        raise ValueError("must be between 0 and 2")
-    return value
 
 
 def _image_types(raw: str) -> tuple[str, ...]:

@@ -53,17 +53,24 @@ positive_int = integer(1)
 non_negative_int = integer(0)
 
 
-def seconds_up_to(high: float) -> Callable[[str], float]:
+def number(low: float, high: float, unit: str = "") -> Callable[[str], float]:
+    """An ASCII decimal number (``2.5``, ``.5``, ``1e3``), finite, within ``low..high``."""
+
     def parse(raw: str) -> float:
         text = raw.strip()
         if not _DECIMAL.fullmatch(text):
-            raise ValueError("must be a number of seconds in ASCII digits (e.g. 2.5)")
+            raise ValueError(f"must be a number{unit and ' of ' + unit} in ASCII digits "
+                             "(e.g. 2.5)")
         value = float(text)
-        if not (math.isfinite(value) and SECONDS_MIN <= value <= high):
-            raise ValueError(f"must be {SECONDS_MIN:g}..{high:.0f} seconds")
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"must be {low:g}..{high:.15g}{unit and ' ' + unit}")
         return value
 
     return parse
+
+
+def seconds_up_to(high: float) -> Callable[[str], float]:
+    return number(SECONDS_MIN, high, "seconds")
 
 
 seconds = seconds_up_to(SECONDS_MAX)
