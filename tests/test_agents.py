@@ -202,6 +202,14 @@ async def test_an_unknown_agent_is_a_404_naming_the_known_ones(
         assert (made.json()["agent"], made.json()["instructions"]) == ("support", "Be brief.")
         assert json.loads((await http.get("/agentik/conversations")).text)[
             "conversations"][0]["agent"] == "support"
+        from tests.test_web_ws import connect
+
+        async with connect(server) as ws:
+            made_ws = await ws.call("create", agent="coder", instructions="ws")
+            assert (made_ws["result"]["agent"], made_ws["result"]["instructions"]) == (
+                "coder", "ws")
+            refused = await ws.call("create", agent="nobody")
+            assert refused["type"] == "error" and refused["error"]["code"] == "not_found"
 
 
 async def test_the_openai_front_door_has_a_model_per_agent(
