@@ -120,8 +120,13 @@ class LocalAgent:
     @property
     def model_error(self) -> str | None:
         """Why the model's server did not answer when last asked (``/readyz``: a degraded
-        reason); None while it answers, or when nobody asks (an embedded engine)."""
-        return self._deps.model.error
+        reason; with several agents, each one whose model does not answer, named); None while
+        they answer, or when nobody asks (an embedded engine)."""
+        models = self._deps.models
+        if len(models) <= 1:
+            return next((m.error for m in models.values()), None)
+        errors = [f"agent {agent!r}: {m.error}" for agent, m in models.items() if m.error]
+        return "; ".join(errors) or None
 
     @property
     def lease_error(self) -> str | None:

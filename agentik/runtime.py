@@ -75,10 +75,10 @@ async def open_runtime(
             try:
                 await _recover(storage)
                 the_tools = tools if tools is not None else await _start_tools(config, root)
-                model = await _default_model_health(config, profiles, llms, llm is not None, root)
+                models = await _models_health(config, profiles, llms, llm is not None, root)
                 deps = Deps(config=config, storage=storage, profiles=profiles,
                             agents=_agents(profiles, llms, the_tools), tools=the_tools,
-                            model=model)
+                            models=models)
                 peers = Peers(config)  # clients of the other cluster nodes, closed last
                 try:
                     async with trio.open_nursery() as actors:
@@ -202,21 +202,28 @@ RECHECK_ANSWERING, RECHECK_SILENT = 60.0, 10.0
 FIRST_SURVEY_WAIT = 1.0
 
 
-async def _default_model_health(
+async def _models_health(
     config: Config, profiles: Profiles, llms: Mapping[str, LiteLlm], given: bool,
     nursery: trio.Nursery,
-) -> ModelHealth:
-    """Whether the default agent's model answers (/readyz), asked now and then in ``nursery``;
-    a given backend (``given``) is asked too when it can be."""
-    model = ModelHealth()
-    the_llm = llms[profiles.default]
-    if not model_configured(profiles.get(None).llm_config(config)) and not given:
-        # said once the runtime has started: a start-up failure stays one line
-        log.warning(NO_MODEL)
-        model.error, model.checked = NO_MODEL, True  # nothing to ask
-    elif isinstance(the_llm, Surveyed):
-        await nursery.start(_watch_model, the_llm, model)
-    return model
+) -> dict[str, ModelHealth]:
+    """Agent id -> whether its model answers (/readyz), each distinct backend asked now and
+    then in ``nursery`` (agents sharing one share its health); a given backend (``given``) is
+    asked too when it can be."""
+    healths: dict[str, ModelHealth] = {}
+    by_backend: dict[int, ModelHealth] = {}
+    for profile in profiles.agents:
+        the_llm = llms[profile.id]
+        model = by_backend.get(id(the_llm))
+        if model is None:
+            model = by_backend[id(the_llm)] = ModelHealth()
+            if not model_configured(profile.llm_config(config)) and not given:
+                # said once the runtime has started: a start-up failure stays one line
+                log.warning(NO_MODEL)
+                model.error, model.checked = NO_MODEL, True  # nothing to ask
+            elif isinstance(the_llm, Surveyed):
+                await nursery.start(_watch_model, the_llm, model)
+        healths[profile.id] = model
+    return healths
 
 
 async def _watch_model(

@@ -298,3 +298,26 @@ async def test_each_agent_has_its_own_context_window(
         data = await turn(agent, big.id, long)
         assert any(isinstance(d, AssistantMessageEvent) for d in data), data
         assert len(a.requests) == 1 and "max_completion_tokens" not in a.requests[0]
+
+
+async def test_readyz_names_the_agent_whose_model_does_not_answer(
+    tmp_path: Path, models: tuple[ScriptedOpenAI, ScriptedOpenAI]
+) -> None:
+    import httpx2
+
+    from tests.webutil import serve_app
+
+    a, _ = models
+    path = tmp_path / "agents.toml"
+    path.write_text(f'[agents.up]\nbase_url = "{a.base_url}"\n'
+                    '[agents.down]\nbase_url = "http://127.0.0.1:9/v1"\n')
+    config = Config(db_path=str(tmp_path / "agentik.db"), agents_path=str(path),
+                    llm_max_retries=0, llm_timeout=5.0)
+    async with serve_app(config) as server, httpx2.AsyncClient(base_url=server.url) as http:
+        with trio.fail_after(WAIT):
+            while server.agent.model_error is None:  # noqa: ASYNC110 - the survey runs on its own
+                await trio.sleep(0.05)
+        ready = (await http.get("/readyz")).json()
+    assert ready["status"] == "degraded" and not ready["model_reachable"], ready
+    (reason,) = [r for r in ready["reasons"] if "model" in r]
+    assert "agent 'down'" in reason and "agent 'up'" not in reason, reason

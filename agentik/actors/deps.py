@@ -38,9 +38,9 @@ class Deps:
     agents: Mapping[str, AgentDeps]
     #: every tool of the server (each agent has its allowed part): the MCP servers' status
     tools: ToolRegistry
-    #: whether the default agent's model server answers (the runtime asks it now and then:
-    #: /readyz)
-    model: ModelHealth = field(default_factory=ModelHealth)
+    #: agent id -> whether its model's server answers (the runtime asks each now and then:
+    #: /readyz); none: nobody asks
+    models: Mapping[str, ModelHealth] = field(default_factory=dict)
 
     @property
     def default(self) -> AgentDeps:
