@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+from agentik.errors import AgentikError
 from agentik.storage import apply, ops
 from agentik.storage.pg.plan import Conv, Found, Plan, Result, const
 from agentik.wire import (
@@ -183,9 +184,25 @@ class PgTarget:
 def plan_op(p: Plan, op: ops.AnyOp) -> Result:
     """``op`` planned into ``p`` (``apply.APPLY``): its result. Raises AgentikError, having
     planned nothing, when it is refused."""
+    return plan_all(p, [op], {})[0]  # type: ignore[return-value]
+
+
+def plan_all(p: Plan, batch: list[ops.AnyOp], refused: dict[int, AgentikError]
+             ) -> list[Result | AgentikError]:
+    """Every op of ``batch`` planned into ``p`` (one target for the batch): its result, or the
+    error refusing it (those of ``refused`` as given)."""
     target: apply.Target[int] = PgTarget(p)  # (mypy: it is one)
-    result: Result = apply.APPLY[type(op)](target, op)
-    return result
+    table = apply.APPLY
+    results: list[Result | AgentikError] = []
+    for i, op in enumerate(batch):
+        if i in refused:
+            results.append(refused[i])
+            continue
+        try:
+            results.append(table[type(op)](target, op))
+        except AgentikError as exc:
+            results.append(exc)
+    return results
 
 
 def _found(p: Plan) -> Found:

@@ -26,7 +26,7 @@ from agentik.storage.pg.connect import DEFAULT_TIMEOUT, connect, set_limits
 from agentik.storage.pg.fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
 from agentik.storage.pg.flight import Flight, resolve, seed_after
 from agentik.storage.pg.plan import Conv, Plan
-from agentik.storage.pg.plan_ops import plan_op, read_found
+from agentik.storage.pg.plan_ops import plan_all, read_found
 from agentik.storage.pg.schema import channel, migrate
 from agentik.storage.pg.send import Sender
 from agentik.storage.pg.statement import commit_statement
@@ -153,7 +153,7 @@ class PgWriter:
         known = seed_after(plan, batch, after, self._known)
         if known is None:
             return None
-        flight = Flight(batch, plan, _planned(plan, batch, {}), known, after)
+        flight = Flight(batch, plan, plan_all(plan, batch, {}), known, after)
         # dumped now, while ``after`` runs; only the checked seqs wait for its base (launch)
         sql, args = self._statement(flight, [(cid, 0, mx) for cid, _, mx in known])
         flight.dumped = self._sender.dump(sql, args, late=("k_seq",))
@@ -257,7 +257,7 @@ class PgWriter:
         taken = [op for i, op in enumerate(batch) if i not in refused]
         known = self._load(plan, taken)
         plan.found = read_found(self.conn, taken)  # None (no read) unless it holds a recheck
-        return Flight(batch, plan, _planned(plan, batch, refused), known)  # type: ignore[arg-type]
+        return Flight(batch, plan, plan_all(plan, batch, refused), known)  # type: ignore[arg-type]
 
     def _remember(self, p: Plan, base: int) -> None:
         """Keep the conversation rows as batch ``p``, committed at ``base``, left them."""
@@ -374,20 +374,6 @@ class PgWriter:
                      int(ttl_bound) + 1 if ttl_bound is not None else 0)
         self.oldest = min(oldest, head + 1)
         return base
-
-
-def _planned(plan: Plan, batch: list[ops.AnyOp], refused: dict[int, AgentikError]) -> list[Any]:
-    """Plan every op of ``batch`` into ``plan``: its result, or the error refusing it."""
-    results: list[Any] = []
-    for i, op in enumerate(batch):
-        if i in refused:
-            results.append(refused[i])
-            continue
-        try:
-            results.append(plan_op(plan, op))
-        except AgentikError as exc:
-            results.append(exc)
-    return results
 
 
 def _safe(url: str) -> str:
