@@ -290,3 +290,31 @@ async def _until_delta(stream: Any) -> AsyncIterator[Any]:
         yield event
         if event.type == "response.output_text.delta":
             return
+
+
+async def test_resumed_on_another_node(tmp_path: Any, pg_url: str,
+                                       scripted: ScriptedOpenAI) -> None:
+    """Two nodes on one PostgreSQL: a response streaming on node A, cut, resumed on node B
+    while it still runs there: B follows it in storage and gives the rest as one delta."""
+    gate = trio.Event()
+    scripted.push(Reply(["alpha ", "beta ", "gamma"], gate=gate))
+    node_a = make_config(tmp_path / "a", scripted, database_url=pg_url, node_id="node-a")
+    node_b = make_config(tmp_path / "b", scripted, database_url=pg_url, node_id="node-b")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with serve_app(node_a) as a, serve_app(node_b) as b:
+        with trio.fail_after(30):
+            stream = await client(a).responses.create(
+                model="default", input="go", background=True, stream=True)
+            before = [e async for e in _until_delta(stream)]
+            await stream.close()
+            resumed = await client(b).responses.retrieve(
+                before[0].response.id, stream=True, starting_after=before[-1].sequence_number)
+            gate.set()
+            after = [e async for e in resumed]
+    events = before + after
+    check_sequence(events)
+    assert text_of(before) == "alpha "
+    assert text_of(events) == "alpha beta gamma"
+    assert [e.type for e in after].count("response.output_text.delta") == 1
+    assert after[-1].type == "response.completed"
