@@ -321,3 +321,22 @@ async def test_readyz_names_the_agent_whose_model_does_not_answer(
     assert ready["status"] == "degraded" and not ready["model_reachable"], ready
     (reason,) = [r for r in ready["reasons"] if "model" in r]
     assert "agent 'down'" in reason and "agent 'up'" not in reason, reason
+
+
+async def test_a_conversation_of_an_agent_no_longer_configured_is_answered_by_the_default(
+    tmp_path: Path, models: tuple[ScriptedOpenAI, ScriptedOpenAI], caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = models
+    path = tmp_path / "agents.toml"
+    path.write_text(f'[agents.old]\nbase_url = "{a.base_url}"\ninstructions = "old one"\n')
+    config = Config(db_path=str(tmp_path / "agentik.db"), agents_path=str(path),
+                    llm_max_retries=0)
+    async with open_runtime(config) as agent:
+        conv = await agent.create_conversation(agent="old")
+    path.write_text(f'[agents.new]\nbase_url = "{b.base_url}"\n')
+    async with open_runtime(config) as agent:
+        data = await turn(agent, conv.id, "still there?")
+        assert any(isinstance(d, AssistantMessageEvent) for d in data), data
+        assert (await agent.get_conversation(conv.id)).agent == "old"  # type: ignore[union-attr]
+    assert not a.requests and b.requests[-1]["messages"][0]["content"] == "old one"
+    assert "belongs to agent 'old', which is not configured" in caplog.text
