@@ -256,6 +256,8 @@ class _EventBody(PumpBody):
                     for event in r.tail_events(found, outcome, max(after, r.HEAD + emitted)):
                         await send.send(_frame(event))
                     return
+                if live.gone:
+                    return  # the server is stopping: the reader resumes it later
                 await changed.wait()
 
     def opened(self) -> None:

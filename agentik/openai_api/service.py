@@ -47,6 +47,9 @@ class LiveResponse:
     text: str = ""
     outcome: Outcome | None = None
     changed: trio.Event = field(default_factory=trio.Event)
+    #: nobody follows it any more (the server is stopping): its streams end without an ending,
+    #: so their readers resume it later
+    gone: bool = False
 
     def update(self, text: str, outcome: Outcome | None = None) -> None:
         self.text = text
@@ -54,8 +57,15 @@ class LiveResponse:
         self.changed.set()
         self.changed = trio.Event()
 
+    def abandon(self) -> None:
+        if self.outcome is None:
+            self.gone = True
+            self.update(self.text)
+
     async def ended(self) -> Outcome:
         while self.outcome is None:
+            if self.gone:
+                raise RuntimeClosedError("the server stopped following this response")
             await self.changed.wait()
         return self.outcome
 
@@ -99,6 +109,7 @@ class OpenAiService:
                                            "the turn's events ended", "internal"))
         finally:
             del self.live[rid]
+            live.abandon()
 
     def watch(self, conversation_id: str, turn_id: str) -> LiveResponse:
         """A response followed from storage (another node runs it, or it ended): its outcome
@@ -108,6 +119,12 @@ class OpenAiService:
         return live
 
     async def _watch(self, cid: str, turn_id: str, live: LiveResponse) -> None:
+        try:
+            await self._watched(cid, turn_id, live)
+        finally:
+            live.abandon()
+
+    async def _watched(self, cid: str, turn_id: str, live: LiveResponse) -> None:
         agent = self.agent
         try:
             cursor = await agent.outbox.current_cursor()
