@@ -28,6 +28,7 @@ from agentik.agent_handles import (
     check_limit,
     check_non_negative,
 )
+from agentik.agent_users import UserScope
 from agentik.api import ConversationView, as_content
 from agentik.cluster import Peers
 from agentik.config import BUSY_POLICIES
@@ -92,8 +93,10 @@ class LocalAgent:
         #: clients of the other cluster nodes (forwarded commands); the runtime closes them
         self._peers = peers if peers is not None else Peers(deps.config)
         self._closed = False
-        self.journal = Journal(deps)
-        self.outbox = Outbox(deps)
+        #: whose each conversation is, streams filtered to a user's own, the users' limits
+        self.users = UserScope(deps.storage)
+        self.journal = Journal(deps, self.users)
+        self.outbox = Outbox(deps, self.users)
         self.online_outbox = OnlineOutbox(deps)
         #: every tool of the server (NoTools, FunctionTools, the MCP registry); each agent's
         #: turns run through its allowed part of it (``get_agent(id).tools`` names them)
@@ -177,18 +180,19 @@ class LocalAgent:
 
     async def create_conversation(
         self, temp: bool = False, title: str | None = None, *, idempotency_key: str | None = None,
-        agent: str | None = None, instructions: str | None = None,
+        agent: str | None = None, instructions: str | None = None, owner: str | None = None,
     ) -> LocalConversation:
         """A conversation of ``agent`` (None: the default one), whose system prompt is
         ``instructions`` when given, else its agent's. An ``idempotency_key`` already used to
-        create one returns that conversation. Raises NotFoundError (an unknown agent: the message
-        names the known ones)."""
+        create one returns that conversation (the keys of each ``owner`` are their own).
+        ``owner``: the user it belongs to (None: no user's; admins and in-process callers reach
+        it). Raises NotFoundError (an unknown agent: the message names the known ones)."""
         self._check_open()
         key = [temp, title] if agent is None and instructions is None else [
             temp, title, agent, instructions]  # a key's fingerprint as before agents existed
-        idem = self._idempotency(idempotency_key, "create", key)
+        idem = self._idempotency(idempotency_key, "create", key, owner)
         record = await self._registry.create(temp=temp, title=title, idempotency=idem,
-                                             agent=agent, instructions=instructions)
+                                             agent=agent, instructions=instructions, owner=owner)
         return LocalConversation(self, record)
 
     def agents(self) -> AgentList:
@@ -219,7 +223,7 @@ class LocalAgent:
             default=profile.id == self._deps.profiles.default)
 
     def _idempotency(
-        self, key: str | None, scope: str, body: object
+        self, key: str | None, scope: str, body: object, user: str | None = None
     ) -> ops.Idempotency | None:
         """The stored form of an Idempotency-Key: the key and a fingerprint of the request
         (route, conversation, body), so the same key with another request is refused."""
@@ -229,17 +233,27 @@ class LocalAgent:
             raise InvalidInputError(
                 f"an idempotency key must be 1..{MAX_IDEMPOTENCY_KEY} printable characters")
         digest = hashlib.sha256(scope.encode() + b"\0" + msgspec.json.encode(body)).hexdigest()
+        if user is not None:  # a user's keys never meet another's (the length: no ambiguity)
+            key = f"user:{len(user)}:{user}:{key}"
         return ops.Idempotency(key=key, fingerprint=digest, ttl=self.config.idempotency_ttl)
 
-    async def get_conversation(self, conversation_id: str) -> LocalConversation | None:
+    async def get_conversation(
+        self, conversation_id: str, *, user: str | None = None
+    ) -> LocalConversation | None:
+        """None when unknown, or (``user``) not that user's."""
         self._check_open()
+        if not await self.users.owns(conversation_id, user):
+            return None
         record = await self._deps.storage.reader.get_conversation(conversation_id)
         return None if record is None else LocalConversation(self, record)
 
-    async def delete_conversation(self, conversation_id: str) -> bool:
+    async def delete_conversation(self, conversation_id: str, *, user: str | None = None) -> bool:
         """Stop its actor (a running turn gets its terminal record), then delete everything of it
-        in one transaction (ConversationClosing, Deleted). Returns False if it did not exist."""
+        in one transaction (ConversationClosing, Deleted). Returns False if it did not exist (or
+        is not ``user``'s)."""
         self._check_open()
+        if not await self.users.owns(conversation_id, user):
+            return False
         await self._registry.stop(conversation_id)
         try:
             deleted: bool = await self._deps.storage.write(
@@ -249,9 +263,12 @@ class LocalAgent:
             return await self._peers.forward(exc, lambda o: o.delete_conversation(conversation_id))
         return deleted
 
-    async def rename_conversation(self, conversation_id: str, title: str | None) -> ConversationRecord:
-        """Raises NotFoundError."""
+    async def rename_conversation(
+        self, conversation_id: str, title: str | None, *, user: str | None = None
+    ) -> ConversationRecord:
+        """Raises NotFoundError (also for another ``user``'s)."""
         self._check_open()
+        await self.users.require(conversation_id, user)
         try:
             record: ConversationRecord = await self._deps.storage.write(
                 ops.RenameConversation(conversation_id=conversation_id, title=title)
@@ -261,22 +278,26 @@ class LocalAgent:
                 exc, lambda o: o.rename_conversation(conversation_id, title))
         return record
 
-    async def interrupt(self, conversation_id: str) -> bool:
+    async def interrupt(self, conversation_id: str, *, user: str | None = None) -> bool:
         """Cancel the running turn (Interrupted event). Returns whether a turn was running.
-        Raises NotFoundError."""
+        Raises NotFoundError (also for another ``user``'s)."""
         self._check_open()
+        await self.users.require(conversation_id, user)
         try:
             return await self._registry.interrupt(conversation_id)
         except NotOwnerError as exc:
             return await self._peers.forward(exc, lambda o: o.interrupt(conversation_id))
 
-    async def cancel_turn(self, conversation_id: str, turn_id: str) -> bool:
+    async def cancel_turn(
+        self, conversation_id: str, turn_id: str, *, user: str | None = None
+    ) -> bool:
         """Cancel one turn (``turn_id``: its user message's id): withdrawn while it waits
         behind another turn (it ends Interrupted at once, stored before this returns, and is
         never run), interrupted while it runs.
         False when it has ended. In a cluster the conversation's owner does it. Raises
-        NotFoundError."""
+        NotFoundError (also for another ``user``'s)."""
         self._check_open()
+        await self.users.require(conversation_id, user)
         try:
             return await self._registry.cancel_turn(conversation_id, turn_id)
         except NotOwnerError as exc:
@@ -291,6 +312,7 @@ class LocalAgent:
         *,
         on_busy: str | None = None,
         idempotency_key: str | None = None,
+        user: str | None = None,
     ) -> str:
         """Queue the message on the conversation's actor; returns the stored message's id. In a
         cluster, a conversation owned by another live node gets it through its owner."""
@@ -299,7 +321,9 @@ class LocalAgent:
             raise InvalidInputError(f"on_busy must be one of {', '.join(BUSY_POLICIES)}, "
                                     f"got {on_busy!r}")
         check_content(content, self.config.image_rules)  # every front door's content, once
-        idem = self._idempotency(idempotency_key, f"send:{conversation_id}", [content, context])
+        await self.users.require(conversation_id, user)
+        idem = self._idempotency(
+            idempotency_key, f"send:{conversation_id}", [content, context], user)
         try:
             return await self._registry.submit(
                 conversation_id, content, context, on_busy=on_busy, idempotency=idem)
@@ -316,22 +340,31 @@ class LocalAgent:
         *,
         on_busy: str | None = None,
         idempotency_key: str | None = None,
+        user: str | None = None,
     ) -> str:
-        """See :meth:`agentik.api.ConversationView.send`."""
+        """See :meth:`agentik.api.ConversationView.send`. ``user``: refused as unknown unless the
+        conversation is theirs."""
         return await self._send(conversation_id, as_content(content), context,
-                                on_busy=on_busy, idempotency_key=idempotency_key)
+                                on_busy=on_busy, idempotency_key=idempotency_key, user=user)
 
-    async def conversations_snapshot(self, offset: int = 0, limit: int = 100) -> ConversationsSnapshot:
-        """The conversation list at a cursor: every change <= cursor is in it."""
+    async def conversations_snapshot(
+        self, offset: int = 0, limit: int = 100, *, user: str | None = None
+    ) -> ConversationsSnapshot:
+        """The conversation list (``user``'s only, if given) at a cursor: every change <= cursor
+        is in it."""
         cursor = self._deps.storage.hub.current_cursor()  # cursor FIRST, then state
-        conversations = await self._deps.storage.reader.list_conversations(
-            check_non_negative("offset", offset), check_limit(limit)
-        )
+        offset, limit = check_non_negative("offset", offset), check_limit(limit)
+        reader = self._deps.storage.reader
+        conversations = await (
+            reader.list_conversations(offset, limit) if user is None
+            else reader.list_conversations_of(user, offset, limit))
         return ConversationsSnapshot(cursor=cursor, conversations=conversations)
 
-    async def chat_snapshot(self, conversation_id: str) -> ChatSnapshot:
-        """One conversation and its messages at a cursor. Raises NotFoundError."""
+    async def chat_snapshot(self, conversation_id: str, *, user: str | None = None) -> ChatSnapshot:
+        """One conversation and its messages at a cursor. Raises NotFoundError (also for another
+        ``user``'s)."""
         cursor = self._deps.storage.hub.current_cursor()  # cursor FIRST, then state
+        await self.users.require(conversation_id, user)
         record = await self._deps.storage.reader.get_conversation(conversation_id)
         if record is None:
             raise NotFoundError(f"conversation {conversation_id!r} not found")

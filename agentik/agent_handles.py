@@ -16,6 +16,7 @@ from agentik.wire import CommonEvent, Cursor, MessageRecord, TaskUpdated
 
 if TYPE_CHECKING:
     from agentik.actors.deps import Deps
+    from agentik.agent_users import UserScope
     from agentik.storage.actor import Storage
 
 MAX_PAGE = 1000
@@ -34,10 +35,12 @@ def check_non_negative(name: str, value: int) -> int:
 
 
 class Journal:
-    """Append-only journal reads by seq."""
+    """Append-only journal reads by seq. ``user``: only that user's conversations (another's
+    conversation id reads as an unknown one: nothing)."""
 
-    def __init__(self, deps: Deps) -> None:
+    def __init__(self, deps: Deps, users: UserScope) -> None:
         self._deps = deps
+        self._users = users
 
     async def list(
         self,
@@ -45,23 +48,35 @@ class Journal:
         after_seq: int = 0,
         up_to_seq: int | None = None,
         limit: int = 100,
+        *,
+        user: str | None = None,
     ) -> list[MessageRecord]:
-        return await self._deps.storage.reader.journal(
-            conversation_id, check_non_negative("after_seq", after_seq), up_to_seq,
-            check_limit(limit),
-        )
+        after_seq, limit = check_non_negative("after_seq", after_seq), check_limit(limit)
+        reader = self._deps.storage.reader
+        if user is not None and conversation_id is None:
+            return await reader.journal_of(user, after_seq, up_to_seq, limit)
+        if conversation_id is not None and not await self._users.owns(conversation_id, user):
+            return []
+        return await reader.journal(conversation_id, after_seq, up_to_seq, limit)
 
-    async def count(self, conversation_id: str | None = None, after_seq: int = 0) -> int:
-        return await self._deps.storage.reader.journal_count(
-            conversation_id, check_non_negative("after_seq", after_seq)
-        )
+    async def count(
+        self, conversation_id: str | None = None, after_seq: int = 0, *, user: str | None = None
+    ) -> int:
+        after_seq = check_non_negative("after_seq", after_seq)
+        reader = self._deps.storage.reader
+        if user is not None and conversation_id is None:
+            return await reader.journal_count_of(user, after_seq)
+        if conversation_id is not None and not await self._users.owns(conversation_id, user):
+            return 0
+        return await reader.journal_count(conversation_id, after_seq)
 
 
 class Outbox:
     """Durable events by cursor: replay from the stored outbox, then live."""
 
-    def __init__(self, deps: Deps) -> None:
+    def __init__(self, deps: Deps, users: UserScope) -> None:
         self._hub = deps.storage.hub
+        self._users = users
 
     async def current_cursor(self) -> Cursor:
         return self._hub.current_cursor()
@@ -100,13 +115,16 @@ class Outbox:
         conversation_id: str | None = None,
         kind: str | None = None,
         wake: Callable[[], None] | None = None,
+        user: str | None = None,
     ) -> AsyncGenerator[list[StoredEvent], None]:
         """The durable events of ``events`` / ``agent_events`` (``kind="agent"``) /
         ``conversation_events`` (``conversation_id``) in the batches they are committed in, each
         event with its stored CommonEvent JSON (``raw``). Same order, errors and end; the
         subscription is in place at the first step of the iteration (before it waits). With
-        ``wake``, it never waits for live events: see :meth:`EventHub.stream`."""
-        return self._hub.stream(after, conversation_id=conversation_id, kind=kind, wake=wake)
+        ``wake``, it never waits for live events: see :meth:`EventHub.stream`. ``user``: only
+        the events of that user's conversations (the cursors stay the whole stream's)."""
+        stream = self._hub.stream(after, conversation_id=conversation_id, kind=kind, wake=wake)
+        return stream if user is None else self._users.filtered(stream, user)
 
     async def has_events_after(self, conversation_id: str, after: Cursor) -> bool:
         """Whether events of ``conversation_id`` after ``after`` are stored (e.g. the Deleted of
@@ -182,11 +200,13 @@ class TaskRecords:
         return await self._storage.reader.latest_a2a_task_of_context(context_id)
 
     async def page(
-        self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int
+        self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int,
+        user: str | None = None,
     ) -> tuple[list[A2ATaskRow], int]:
-        """Newest first by creation (before ``before_first_seq`` if given), and the total."""
+        """Newest first by creation (before ``before_first_seq`` if given), and the total;
+        ``user``: only the records of that user's conversations."""
         return await self._storage.reader.list_a2a_tasks(
-            context_id, state, before_first_seq, check_limit(limit)
+            context_id, state, before_first_seq, check_limit(limit), user
         )
 
     async def in_states(self, states: tuple[str, ...]) -> list[A2ATaskRow]:

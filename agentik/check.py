@@ -4,7 +4,8 @@ One line per item, ``ok`` or ``failed`` and why: the settings, the database (the
 writable), the model (the openai endpoint lists its models or answers a one-token request; the
 litert engine loads the model file), each MCP server (started, its tools listed). With an agents
 file (docs/AGENTS.md): the file (one line per mistake), each agent's model, and the tools each
-agent may use (a ``tools`` pattern that matches no tool of a connected server fails). The exit status
+agent may use (a ``tools`` pattern that matches no tool of a connected server fails). The users
+file (a line for each mistake) and the JWKS (read and parsed; docs/USERS.md). The exit status
 is 0 only when every item is usable, 2 when one failed for a bad setting (a value, or an extra
 the setting needs that is not installed), else 1.
 """
@@ -54,7 +55,7 @@ async def run_checks(config: Config, emit: Callable[[Item], None]) -> int:
     mcp_items, status = await _mcp(config)
     if config.agents_path and profiles is not None:
         mcp_items += _agent_tools(profiles, status)
-    for item in mcp_items:
+    for item in [*mcp_items, *await _users(config)]:
         items.append(item)
         emit(item)
     if all(item.ok for item in items):
@@ -192,3 +193,32 @@ async def _mcp(config: Config) -> tuple[list[Item], list[dict[str, Any]]]:
             why = server["error"] or f"still {server['state']} after {ITEM_TIMEOUT:g} s"
             items.append(Item(name, False, why))
     return items, status
+
+
+async def _users(config: Config) -> list[Item]:
+    """The users file (a failed line for each mistake) and the JWKS, when set."""
+    from agentik.users import UsersFileError, load_users
+    from agentik.web.jwt_auth import fetch_key_set
+
+    items: list[Item] = []
+    if config.users_file:
+        try:
+            users = load_users(config.users_file)
+        except UsersFileError as exc:
+            items += [Item("users", False, problem, bad_setting=True) for problem in exc.problems]
+        else:
+            admins = sum(p.is_admin for p in users.principals.values())
+            items.append(Item("users", True, f"{config.users_file}: {len(users.principals)} "
+                                             f"user(s), {admins} admin(s)"))
+    if config.jwt_jwks:
+        try:
+            with trio.fail_after(ITEM_TIMEOUT):
+                keys = await fetch_key_set(config.jwt_jwks)
+        except trio.TooSlowError:
+            items.append(Item("jwks", False, f"no answer within {ITEM_TIMEOUT:g} s"))
+        except ConfigError as exc:
+            items.append(Item("jwks", False, str(exc), bad_setting=True))
+        else:
+            kids = ", ".join(str(k.kid) for k in keys.keys)
+            items.append(Item("jwks", True, f"{config.jwt_jwks}: {len(keys.keys)} key(s): {kids}"))
+    return items

@@ -77,6 +77,12 @@ def _version() -> str:
     return agentik.__version__
 
 
+def config_lines(exc: ConfigError) -> list[str]:
+    """What a bad setting says, one line each (a users file lists every mistake)."""
+    problems: list[str] | None = getattr(exc, "problems", None)
+    return [f"{exc.variable}: {p}" for p in problems] if problems else str(exc).splitlines()
+
+
 def _check() -> int:
     """``agentik check``: one line per item; 0 when all are usable, 1 when one is not, 2 for a
     bad setting or a missing extra (as ``agentik serve``)."""
@@ -208,8 +214,8 @@ async def serve(config: Config, host: str = "127.0.0.1", graceful_timeout: float
 
 
 def _bad_configuration(exc: ConfigError) -> None:
-    """One line per mistake (an agents file may have several)."""
-    for line in str(exc).splitlines():
+    """One line per mistake (an agents file or a users file may have several)."""
+    for line in config_lines(exc):
         print(f"agentik: bad configuration: {line}", file=sys.stderr)
 
 

@@ -1,11 +1,10 @@
 """The one error tree of agentik, and the one map of it onto HTTP answers.
 
 Every error agentik raises on purpose is an :class:`AgentikError`. Third-party errors (sqlite3,
-openai, mcp, msgspec, httpx2) are converted at the boundary of the module that owns the library,
-so code above that boundary only ever sees this tree. The HTTP answer of each class (status,
-``code``) is in :data:`HTTP_ERRORS`, read by the server (``agentik.web.errors``: error -> answer)
-and by the client (``agentik.client.errors``: answer -> error), so code written against the
-in-process agent catches the same classes over HTTP::
+openai, mcp, msgspec, httpx2) are converted at the boundary of the module that owns the library, so
+code above that boundary only ever sees this tree. The HTTP answer of each class (status, ``code``)
+is in :data:`HTTP_ERRORS`, read by the server (``agentik.web.errors``: error -> answer) and by the
+client (``agentik.client.errors``: answer -> error), so in-process code catches the same classes::
 
     AgentikError                   500 internal (the code of a class not in HTTP_ERRORS)
      ├── ConfigError               500 config      a bad configuration value; names the variable
@@ -21,7 +20,8 @@ in-process agent catches the same classes over HTTP::
      ├── UnauthorizedError         401 unauthorized  no bearer token, or one the server does not know
      │     raised by: agentik.web.auth; the client for a 401 (``agentik.client.AuthError``, the
      │                same class: retrying with the same token never helps)
-     ├── NotFoundError             404 not_found   unknown conversation id
+     ├── ForbiddenError            403 forbidden   a user asked for what admins only see (web)
+     ├── NotFoundError             404 not_found   unknown conversation id (another user's too)
      │   │ raised by: the Agent API, the web routes, the client
      │   └── ModelNotFoundError    404 model_not_found  an OpenAI request names no agent
      │         raised by: agentik.openai_api
@@ -37,7 +37,8 @@ in-process agent catches the same classes over HTTP::
      │     raised by: EventHub (check, stream), so by every durable events iterator; the client
      │                for a 410 or an SSE ``event: gap`` frame
      ├── MailboxFullError          429 mailbox_full  the conversation's mailbox is full (Retry-After)
-     │     raised by: ConversationHandle.submit (send)
+     │   │ raised by: ConversationHandle.submit (send)
+     │   └── RateLimitedError      429 rate_limited  a user over a limit (agentik_users, USERS.md)
      ├── StorageError              503 storage     the database failed; a failed write was not stored
      │   │                                          (but see StorageOutcomeUnknownError)
      │   │ raised by: the storage actor and its reader (agentik.storage)
@@ -135,6 +136,11 @@ class UnauthorizedError(AgentikError):
     code = "unauthorized"
 
 
+class ForbiddenError(AgentikError):
+    """A user asked for what only admins may see (docs/USERS.md)."""
+    code = "forbidden"
+
+
 class NotFoundError(AgentikError):
     """An unknown id (conversation, message)."""
 
@@ -155,6 +161,11 @@ class MailboxFullError(AgentikError):
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RateLimitedError(MailboxFullError):
+    """A user over a limit of theirs (docs/USERS.md): come back after ``retry_after`` s."""
+    code = "rate_limited"
 
 
 class OutboxGapError(AgentikError):
@@ -326,13 +337,13 @@ class HttpError:
     default_for_status: bool = False
 
 
-#: The one map of error classes onto HTTP answers. The server answers an error with the row of the
-#: first class of its MRO found here (none, e.g. ConfigError: 500 with the error's own code); the
-#: client turns an answer back into
-#: the class of its code when the status agrees, else into the status's default, else ServerError.
+#: The one map of error classes onto HTTP answers: the server answers an error with the row of the
+#: first class of its MRO here (none: 500 with its own code, e.g. ConfigError); the client turns an
+#: answer into its code's class if the status agrees, else the status's default, else ServerError.
 HTTP_ERRORS: tuple[HttpError, ...] = (
     HttpError(InvalidInputError, 400, default_for_status=True),
     HttpError(UnauthorizedError, 401, default_for_status=True),
+    HttpError(ForbiddenError, 403, default_for_status=True),
     HttpError(NotFoundError, 404, default_for_status=True),
     HttpError(ConversationFailedError, 409, default_for_status=True),
     HttpError(ConflictError, 409),
@@ -341,6 +352,7 @@ HTTP_ERRORS: tuple[HttpError, ...] = (
     HttpError(OutboxGapError, 410),
     HttpError(PayloadTooLargeError, 413, default_for_status=True),
     HttpError(MailboxFullError, 429, default_for_status=True),
+    HttpError(RateLimitedError, 429),
     HttpError(LlmError, 502),
     HttpError(LlmConnectionError, 502),
     HttpError(LlmTimeoutError, 502),

@@ -124,6 +124,16 @@ class CountResult(Wire, frozen=True, kw_only=True):
     count: int
 
 
+class Usage(Wire, frozen=True, kw_only=True):
+    """``GET /agentik/usage`` (docs/USERS.md): a user's model tokens this UTC day, their daily
+    limit (None: none) and when the count starts again (ISO 8601, UTC midnight)."""
+
+    user: str
+    tokens_today: int
+    tokens_per_day: int | None
+    reset_at: str
+
+
 class ToolsStatus(Wire, frozen=True, kw_only=True):
     servers: list[Any] = []
 

@@ -37,6 +37,11 @@ _USER_ID = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
+def is_user_id(text: str) -> bool:
+    """1-200 characters, none of them a control character (a users-file id, a JWT's ``sub``)."""
+    return _USER_ID.fullmatch(text) is not None
+
+
 @dataclass(frozen=True)
 class Limits:
     """One user's limits; None is no limit."""
@@ -130,7 +135,7 @@ def _user(
     if not isinstance(table, dict):
         problems.append(f"{where} must be a table")
         return None
-    if not _USER_ID.fullmatch(user):
+    if not is_user_id(user):
         problems.append(f"{where}: a user id is 1-200 characters without control characters")
     for key in table:
         if key not in (*LIMIT_FIELDS, "role", "token_sha256"):

@@ -98,3 +98,51 @@ async def test_check_without_a_model_says_what_to_set(tmp_path: Path) -> None:
     model = next(line for line in out.splitlines() if " model:" in line)
     assert model.startswith("failed model: OPENAI_BASE_URL: no model configured"), out
     assert "agentik check" in model and "api.openai.com" not in out, out
+
+
+BAD_USERS = """
+[users.a]
+role = "owner"
+token_sha256 = ["abc"]
+"""
+
+
+async def test_check_reads_the_users_file_and_the_jwks(tmp_path: Path) -> None:
+    from tests.jwtutil import Keys
+    from tests.usersutil import write_users
+
+    users = write_users(tmp_path / "users.toml")
+    jwks = Keys().write_jwks(tmp_path / "jwks.json")
+    async with open_scripted_openai() as openai:
+        env = env_for(tmp_path, openai, AGENTIK_USERS=str(users), AGENTIK_JWT_JWKS=str(jwks))
+        code, out = await run(["check"], env, tmp_path)
+        assert code == 0, out
+        assert f"ok     users: {users}: 3 user(s), 1 admin(s)" in out.splitlines()
+        assert f"ok     jwks: {jwks}: 3 key(s): rsa-1, ec-1, ed-1" in out.splitlines()
+        (tmp_path / "bad.toml").write_text(BAD_USERS)
+        (tmp_path / "bad.json").write_text("{}")
+        env.update(AGENTIK_USERS=str(tmp_path / "bad.toml"),
+                   AGENTIK_JWT_JWKS=str(tmp_path / "bad.json"))
+        code, out = await run(["check"], env, tmp_path)
+    assert code == 2, out
+    failed = [line for line in out.splitlines() if line.startswith("failed")]
+    assert failed[:2] == [
+        "failed users: users.a.role must be \"user\" or \"admin\", got 'owner'",
+        "failed users: users.a.token_sha256: 'abc' is not 64 hex digits",
+    ]
+    assert len(failed) == 3 and "not a usable JWKS" in failed[2], out
+
+
+async def test_serve_with_a_bad_users_file_says_each_mistake_and_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "bad.toml").write_text(BAD_USERS)
+    async with open_scripted_openai() as openai:
+        env = env_for(tmp_path, openai, AGENTIK_USERS=str(tmp_path / "bad.toml"))
+        code, out = await run(["serve", "--port", "0"], env, tmp_path)
+    assert code == 2, out
+    lines = [line for line in out.splitlines() if line.startswith("agentik: bad configuration")]
+    assert lines == [
+        "agentik: bad configuration: AGENTIK_USERS: users.a.role must be \"user\" or \"admin\", "
+        "got 'owner'",
+        "agentik: bad configuration: AGENTIK_USERS: users.a.token_sha256: 'abc' is not 64 hex "
+        "digits",
+    ], out

@@ -117,3 +117,31 @@ async def test_a_bad_jwks_is_a_config_error(tmp_path: Path) -> None:
             with pytest.raises(ConfigError, match=match) as info:
                 await fetch_key_set(str(tmp_path / name))
             assert info.value.variable == "AGENTIK_JWT_JWKS"
+
+
+async def test_a_refused_algorithm_never_makes_the_key_set_be_read_again(
+    keys: Keys, tmp_path: Path
+) -> None:
+    path = keys.write_jwks(tmp_path / "jwks.json")
+    fetches: list[str] = []
+
+    async def counting_fetch(source: str):  # type: ignore[no-untyped-def]
+        fetches.append(source)
+        return await fetch_key_set(source)
+
+    clock = [1000.0]
+    v = verifier(path, clock, fetch=counting_fetch)
+    with trio.fail_after(10):
+        await v.load()
+        clock[0] += MIN_REFRESH
+        none_with_unknown_kid = (_b64({"alg": "none", "kid": "who-knows"}) + "."
+                                 + alg_none().split(".")[1] + ".")
+        with pytest.raises(UnauthorizedError, match="algorithm"):
+            await v.principal(none_with_unknown_kid, None)
+    assert len(fetches) == 1  # only the load
+
+
+def _b64(obj: dict[str, str]) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()

@@ -45,7 +45,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "tools": ("agentik.tools",),
     "actors": ("agentik.actors",),
     "facade": (
-        "agentik", "agentik.runtime", "agentik.agent", "agentik.agent_handles", "agentik.testing",
+        "agentik", "agentik.runtime", "agentik.agent", "agentik.agent_handles",
+        "agentik.agent_users", "agentik.testing",
         "agentik.cluster",
     ),
     # agentik.sse: the SSE frame and bodies both front doors use (below web/ and a2a/);

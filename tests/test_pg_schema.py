@@ -46,6 +46,9 @@ def test_version_4_schema_upgrades_keeping_rows_and_the_ttl_trim(pg_url: str) ->
         q = w.conn.execute
         assert q("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (
             str(SCHEMA_VERSION),)
+        # v7: conversations made before users have none (admins reach them), no usage yet
+        assert q("SELECT count(*) FROM conversation_user").fetchone() == (0,)
+        assert q("SELECT count(*) FROM user_usage").fetchone() == (0,)
         # each stored batch time got the mark of its newest offset
         assert q('SELECT "offset", created_at FROM outbox_mark ORDER BY 1').fetchall() == [
             (2, 100.0), (5, 200.0)]

@@ -53,6 +53,9 @@ def test_a_version_4_file_is_brought_over_whole(tmp_path: Path) -> None:
         conn = w.conn
         assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
             str(SCHEMA_VERSION),)
+        # v7: conversations made before users have none (admins reach them), no usage yet
+        assert conn.execute("SELECT count(*) FROM conversation_user").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM user_usage").fetchone() == (0,)
         assert (w.epoch, w.next_seq, w.oldest) == ("e4", 9, 1)
         outbox = conn.execute('SELECT "offset", created_at, payload FROM outbox ORDER BY "offset"')
         assert [(o, t, bytes(p)) for o, t, p in outbox] == [

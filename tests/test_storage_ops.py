@@ -5,6 +5,7 @@ field added to an op is one change in ``storage/apply.py`` and one case here."""
 
 from __future__ import annotations
 
+import time
 import typing
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -470,6 +471,43 @@ async def _put_task(st: Storage) -> None:
     assert await st.write(msgspec.structs.replace(op, task_id="t3", conversation_id=None)) > second
 
 
+# --- users (docs/USERS.md) -----------------------------------------------------------------------
+
+
+@case(ops.CreateConversation, "owner")
+async def _owner(st: Storage) -> None:
+    from agentik.limits import utc_day
+    from agentik.wire import TurnTokens
+
+    for cid, owner in (("c", "alice"), ("d", "bob"), ("e", None)):
+        await st.write(ops.CreateConversation(conversation_id=cid, title=None, is_temporal=False,
+                                              system_prompt="s", owner=owner))
+    assert await st.reader.users_of(["c", "d", "e", "x"]) == {"c": "alice", "d": "bob"}
+    assert [c.id for c in await st.reader.list_conversations_of("alice", 0, 10)] == ["c"]
+    today = utc_day(time.time())
+    for cid, mid, tokens in (("c", "m1", (7, 3)), ("c", "m2", (20, 5)), ("e", "m3", (100, 1))):
+        await send(st, mid, cid)
+        answer = AssistantMessage(content=[Text(body="a")],
+                                  tokens=TurnTokens(prompt=tokens[0], completion=tokens[1]))
+        await st.write(ops.FinishTurn(conversation_id=cid, turn_id=mid,
+                                      assistant=(f"a-{mid}", answer)))
+    await send(st, "open", "c")
+    # alice: one conversation kept, one turn open, 7 + 3 + 20 + 5 tokens; "e" has no user
+    assert await st.reader.user_standing("alice", today) == (1, 1, 35)
+    assert await st.reader.user_standing("bob", today) == (1, 0, 0)
+    assert await st.reader.user_standing("alice", "1999-01-01") == (1, 1, 0)
+    assert [r.id for r in await st.reader.journal_of("alice", 0, None, 100)] == [
+        "m1", "a-m1", "m2", "a-m2", "open"]
+    assert await st.reader.journal_count_of("bob", 0) == 0
+    await st.write(ops.PutA2ATask(task_id="t", context_id="x", conversation_id="c",
+                                  state="working", task=b"{}", update=b"{}", expect_seq=None))
+    assert [r.id for r in (await st.reader.list_a2a_tasks(None, None, None, 10, "alice"))[0]
+            ] == ["t"]
+    assert await st.reader.list_a2a_tasks(None, None, None, 10, "bob") == ([], 0)
+    # deleted, the conversation is still known to be alice's (a replay filters by it)
+    await st.write(ops.DeleteConversation(conversation_id="c"))
+    assert await st.reader.users_of(["c"]) == {"c": "alice"}
+    assert await st.reader.user_standing("alice", today) == (0, 0, 35)
 async def test_text_with_a_nul_is_refused_alone(target: StorageTarget) -> None:
     """Text a client gave (an id in a URL, a title) with a NUL character, which PostgreSQL's text
     cannot hold, is refused on both engines before the engine sees it: the request gets

@@ -23,14 +23,40 @@ ends CANCELED unless the executor reported another terminal state first.
 task is stored; ``conversation(context_id, previous, agent)`` names the conversation a context runs
 in (``previous``: the one its latest task used, None for a new context; ``agent``: the agent whose
 endpoint the message came to, None for the default one); None when the executor has none.
+
+Who is asking (docs/USERS.md) is :data:`CALLER`, set by the route for each request: a user
+reaches only the tasks of their own conversations (another's answers as an unknown task), a new
+conversation is created for ``owner``, and ``admit`` (the user's limits) runs before a message
+is taken. The default caller reaches everything (no users: the TCK's system under test).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from agentik.a2a.types import Message, Part, Task
+from agentik.users import Limits
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who an A2A request is: ``user`` is whose conversations (and so tasks) it reaches (None:
+    all), ``owner`` who new conversations are created for, ``admit`` checks their limits before
+    a message is taken (raises AgentikError)."""
+
+    user: str | None = None
+    owner: str | None = None
+    admit: Callable[[], Awaitable[None]] | None = None
+    #: the limits a new conversation for ``owner`` is checked against (conversations kept)
+    limits: Limits = field(default_factory=Limits)
+
+
+#: the caller of the A2A request being served (``agentik.a2a.web.rpc`` sets it)
+CALLER: ContextVar[Caller] = ContextVar(
+    "agentik_a2a_caller", default=Caller())  # noqa: B039 - a frozen dataclass, never mutated
 
 
 @dataclass(frozen=True)

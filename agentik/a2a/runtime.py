@@ -36,7 +36,7 @@ import trio
 
 from agentik.a2a import errors as e
 from agentik.a2a.cards import card_info_for
-from agentik.a2a.executor import RequestContext, TaskUpdater
+from agentik.a2a.executor import CALLER, RequestContext, TaskUpdater
 from agentik.a2a.service import A2AService
 from agentik.a2a.store import TaskStore
 from agentik.a2a.types import Message, Part
@@ -149,11 +149,13 @@ class AgentikExecutor:
     async def conversation(
         self, context_id: str, previous: str | None, agent: str | None = None
     ) -> str | None:
-        """The context's conversation; a new one belongs to ``agent``. A context belongs to the
-        agent it was started with: its messages to another agent's endpoint are refused."""
+        """The context's conversation (another user's is not the caller's: a new one is made);
+        a new one belongs to ``agent``. A context belongs to the agent it was started with: its
+        messages to another agent's endpoint are refused."""
         wanted = self.agent.get_agent(agent).id
+        caller = CALLER.get()
         if previous is not None:
-            conversation = await self.agent.get_conversation(previous)
+            conversation = await self.agent.get_conversation(previous, user=caller.user)
             if conversation is not None:
                 owner = self.agent.agent_of(conversation.agent)
                 if owner != wanted:
@@ -161,7 +163,10 @@ class AgentikExecutor:
                         f"context {context_id!r} belongs to agent {owner!r}: send its messages "
                         f"to /a2a/{owner}")
                 return previous
-        made = await self.agent.create_conversation(title=f"A2A {context_id}", agent=wanted)
+        if caller.owner is not None:
+            await self.agent.users.before_create(caller.owner, caller.limits)
+        made = await self.agent.create_conversation(title=f"A2A {context_id}", agent=wanted,
+                                                    owner=caller.owner)
         return made.id
 
     async def cancel(self, request: RequestContext, updater: TaskUpdater) -> bool:
@@ -374,7 +379,7 @@ async def run_a2a(
     if failed:
         log.info("start-up: %d A2A tasks left running by a dead process marked FAILED", failed)
     async with trio.open_nursery() as nursery:
-        mount.service = A2AService(store, AgentikExecutor(agent), nursery)
+        mount.service = A2AService(store, AgentikExecutor(agent), nursery, owns=agent.users.owns)
         task_status.started()
         try:
             await trio.sleep_forever()

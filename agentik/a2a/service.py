@@ -21,13 +21,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import msgspec
 import trio
 
 from agentik.a2a import errors as e
-from agentik.a2a.executor import Executor, RequestContext
+from agentik.a2a.executor import CALLER, Executor, RequestContext
 from agentik.a2a.run import Run, Updater
 from agentik.a2a.store import StoredTask, TaskStore, status_change
 from agentik.a2a.types import (
@@ -109,12 +109,15 @@ def _check_history_length(value: int | None) -> int | None:
 class A2AService:
     """A2A's methods. ``nursery`` runs the executions (it must outlive requests)."""
 
-    def __init__(self, store: TaskStore, executor: Executor, nursery: trio.Nursery) -> None:
+    def __init__(self, store: TaskStore, executor: Executor, nursery: trio.Nursery,
+                 owns: Callable[[str, str], Awaitable[bool]] | None = None) -> None:
         self.store = store
         self.executor = executor
         self._nursery = nursery
+        #: whether a conversation is a user's (docs/USERS.md); None: no users
+        self._owns = owns
         self._runs: dict[str, Run] = {}
-        self._contexts: dict[str, str | None] = {}
+        self._contexts: dict[tuple[str | None, str], str | None] = {}
         self._bind_lock = trio.Lock()
 
     # --- SendMessage / SendStreamingMessage ------------------------------------------------------
@@ -136,16 +139,27 @@ class A2AService:
             if why is not None:
                 raise e.invalid_params(f"message.parts[{i}]: {why}")
 
+    async def _visible(self, stored: StoredTask | None) -> StoredTask | None:
+        """``stored`` if the caller may see it (a user: only their conversations' tasks)."""
+        user = CALLER.get().user
+        if stored is None or user is None or self._owns is None:
+            return stored
+        cid = stored.conversation_id
+        return stored if cid is not None and await self._owns(cid, user) else None
+
     async def _conversation_for(self, context_id: str, agent: str | None) -> str | None:
+        caller = CALLER.get()
+        key = (caller.owner, context_id)  # a user's contexts are their own
         async with self._bind_lock:
-            if context_id in self._contexts:
-                previous = self._contexts[context_id]
+            if key in self._contexts:
+                previous = self._contexts[key]
             else:
+                # (another user's conversation: the executor makes this user one of their own)
                 _, previous = await self.store.context_conversation(context_id)
             conversation = await self.executor.conversation(context_id, previous, agent)
             if len(self._contexts) > 10_000:
                 self._contexts.clear()
-            self._contexts[context_id] = conversation
+            self._contexts[key] = conversation
             return conversation
 
     async def start(self, params: SendMessageParams, agent: str | None = None) -> Run:
@@ -153,6 +167,9 @@ class A2AService:
         the default one). Raises A2AError."""
         message = params.message
         self._check_message(message)
+        admit = CALLER.get().admit
+        if admit is not None:  # the user's limits, before anything is stored
+            await admit()
         self.executor.check(message)
         config = params.configuration
         if config is not None and config.task_push_notification_config is not msgspec.UNSET:
@@ -187,7 +204,7 @@ class A2AService:
     async def _follow_up(self, message: Message) -> Run:
         task_id = message.task_id
         assert task_id is not None
-        stored = await self.store.get(task_id)
+        stored = await self._visible(await self.store.get(task_id))
         if stored is None:
             raise e.task_not_found(task_id)
         task = stored.task
@@ -295,7 +312,7 @@ class A2AService:
     async def subscribe(self, task_id: str) -> AsyncIterator[bytes]:
         """SubscribeToTask: the task now, then its changes until it reaches a terminal state."""
         _check_id("id", task_id)
-        stored = await self.store.get(task_id)
+        stored = await self._visible(await self.store.get(task_id))
         if stored is None:
             raise e.task_not_found(task_id)
         if stored.task.status.state in TERMINAL:
@@ -324,7 +341,7 @@ class A2AService:
     async def get_task(self, task_id: str, history_length: int | None) -> Task:
         _check_id("id", task_id)
         _check_history_length(history_length)
-        stored = await self.store.get(task_id)
+        stored = await self._visible(await self.store.get(task_id))
         if stored is None:
             raise e.task_not_found(task_id)
         return trim_task(stored.task, history_length)
@@ -342,7 +359,8 @@ class A2AService:
                 raise e.invalid_params(f"invalid pageToken {params.page_token!r}")
             before = int(params.page_token)
         state = params.status if params.status != "TASK_STATE_UNSPECIFIED" else None
-        rows, total = await self.store.page(params.context_id or None, state, before, size + 1)
+        rows, total = await self.store.page(params.context_id or None, state, before, size + 1,
+                                            CALLER.get().user)
         more = len(rows) > size
         rows = rows[:size]
         tasks = [trim_task(r.task, params.history_length, bool(params.include_artifacts))
@@ -353,7 +371,7 @@ class A2AService:
 
     async def cancel(self, task_id: str) -> Task:
         _check_id("id", task_id)
-        stored = await self.store.get(task_id)
+        stored = await self._visible(await self.store.get(task_id))
         if stored is None:
             raise e.task_not_found(task_id)
         if stored.task.status.state in TERMINAL:

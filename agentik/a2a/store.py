@@ -135,9 +135,11 @@ class TaskStore:
         return (False, None) if row is None else (True, row.conversation_id)
 
     async def page(
-        self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int
+        self, context_id: str | None, state: str | None, before_first_seq: int | None, limit: int,
+        user: str | None = None,
     ) -> tuple[list[StoredTask], int]:
-        rows, total = await self.records.page(context_id, state, before_first_seq, limit)
+        """``user``: only the tasks of that user's conversations (docs/USERS.md)."""
+        rows, total = await self.records.page(context_id, state, before_first_seq, limit, user)
         return [await self._stored(r) for r in rows], total
 
     async def events(self, stored: StoredTask) -> AsyncIterator[tuple[int, TaskUpdated]]:

@@ -30,6 +30,7 @@ from quart import Blueprint, Quart, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from agentik.a2a import errors as e
+from agentik.a2a.executor import CALLER, Caller
 from agentik.a2a.service import A2AService
 from agentik.a2a.types import (
     MAX_ID_CHARS,
@@ -95,6 +96,8 @@ class A2AMount:
     started: str = field(default_factory=lambda: email.utils.formatdate(usegmt=True))
     #: open SSE streams (tests wait on it to see a disconnect released everything)
     open_streams: int = 0
+    #: who the current request is (docs/USERS.md); the default reaches everything
+    caller: Callable[[], Caller] = Caller
 
     def require(self) -> A2AService:
         if self.service is None:
@@ -233,7 +236,11 @@ async def rpc(agent_id: str | None = None) -> Response:
         if not isinstance(method, str) or not method:
             raise e.error(e.INVALID_REQUEST, "method must be a non-empty string")
         _check_version()
-        return await _dispatch(request_id, method, envelope.get("params"), agent_id)
+        token = CALLER.set(_state().caller())
+        try:
+            return await _dispatch(request_id, method, envelope.get("params"), agent_id)
+        finally:
+            CALLER.reset(token)
     except A2AError as exc:
         return _error(request_id, exc)
     except AgentikError as exc:

@@ -109,7 +109,7 @@ class Registry:
 
     async def create(
         self, *, temp: bool, title: str | None = None, idempotency: ops.Idempotency | None = None,
-        agent: str | None = None, instructions: str | None = None,
+        agent: str | None = None, instructions: str | None = None, owner: str | None = None,
     ) -> ConversationRecord:
         """Store a new conversation of ``agent`` (None: the default one) with its system prompt
         (``instructions``, else its agent's), atomically, and start its actor. A replayed
@@ -126,7 +126,7 @@ class Registry:
             ops.CreateConversation(
                 conversation_id=conversation_id, title=title, is_temporal=temp,
                 system_prompt=system_prompt, idempotency=idempotency,
-                agent=profile.id, instructions=instructions,
+                agent=profile.id, instructions=instructions, owner=owner,
             )
         )
         if isinstance(result, ops.Replayed):

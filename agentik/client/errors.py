@@ -21,6 +21,7 @@ from agentik.errors import (
     InvalidInputError,
     MailboxFullError,
     OutboxGapError,
+    RateLimitedError,
     RuntimeClosedError,
     ServerError,
     StorageError,
@@ -81,6 +82,8 @@ def error_from_response(status: int, body: bytes, headers: Any = None) -> Agenti
             except ValueError:
                 retry_after = 1.0
         return MailboxFullError(message, retry_after=retry_after if retry_after is not None else 1.0)
+    if cls is RateLimitedError:
+        return RateLimitedError(message, retry_after=detail.retry_after or 1.0)
     if cls is UnauthorizedError:
         return UnauthorizedError(f"the server refused the credentials: {message}")
     if cls is RuntimeClosedError and not detail.message:

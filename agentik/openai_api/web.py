@@ -36,7 +36,7 @@ from agentik.openai_api.types import (
     decode_chat_request,
     encode,
 )
-from agentik.web._state import state
+from agentik.web._state import principal, scope, state
 from agentik.web.errors import headers_of
 from agentik.web.http import read_body
 from agentik.wire import Content, ConversationRecord, MessageContext, MessageOrigin
@@ -167,8 +167,8 @@ def _given_conversation(req: ChatRequest) -> str | None:
     return (req.metadata or {}).get(METADATA_KEY) or None
 
 
-async def _record(conversation_id: str) -> ConversationRecord:
-    conv = await state().require_agent().get_conversation(conversation_id)
+async def _record(conversation_id: str, user: str | None) -> ConversationRecord:
+    conv = await state().require_agent().get_conversation(conversation_id, user=user)
     if conv is None:
         raise NotFoundError(f"conversation {conversation_id!r} not found")
     return conv.record
@@ -184,15 +184,21 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
     chat_id = request.headers.get(OPEN_WEBUI_CHAT)
     origin = "chat.completions"
     whole = given is None and bool(chat_id)  # Open WebUI sends the whole exchange each time
+    who = principal()  # a completion is a send; a conversation it makes is the caller's
+    await agent.users.before_send(who.user, who.limits)
+    if given is None:
+        await agent.users.before_create(who.user, who.limits)
     if given is None and chat_id:
         conv = await agent.create_conversation(title=f"Open WebUI chat {chat_id[:100]}",
                                                idempotency_key=f"openwebui-chat:{chat_id[:200]}",
-                                               agent=req.model)
+                                               agent=req.model, owner=who.user)
         given = conv.id
     if given is not None:
         # Only the new message: the conversation's record is enough (no history to check).
-        snapshot = None if not history and not whole else await agent.chat_snapshot(given)
-        record = snapshot.conversation if snapshot is not None else await _record(given)
+        user = scope()  # another user's conversation answers as an unknown one
+        snapshot = None if not history and not whole else await agent.chat_snapshot(
+            given, user=user)
+        record = snapshot.conversation if snapshot is not None else await _record(given, user)
         owner = agent.agent_of(record.agent)
         if owner != req.model:
             raise ConflictError(f"conversation {given!r} belongs to the model (agent) {owner!r}, "
@@ -213,7 +219,7 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
         return run, given
     keep = bool(req.store)
     conv = await agent.create_conversation(temp=not keep, title="OpenAI chat completion",
-                                           agent=req.model)
+                                           agent=req.model, owner=who.user)
     content, context = chat.seed_content(history, new, origin)
     run = await service.start_turn(conv.id, content, context, delete_after=not keep)
     return run, conv.id if keep else None

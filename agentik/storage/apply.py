@@ -145,6 +145,13 @@ class Target(Protocol[Rec]):
     def keep_key(self, idem: ops.Idempotency, result_id: str) -> None:
         """``idem`` stored with the write whose result is ``result_id``."""
 
+    def own(self, conversation_id: str, user: str) -> None:
+        """The conversation is ``user``'s (docs/USERS.md): kept after it is deleted."""
+
+    def count_tokens(self, conversation_id: str, tokens: int) -> None:
+        """``tokens`` added to the conversation's user's count of this UTC day (none: no
+        user)."""
+
     # --- results ------------------------------------------------------------------------------
 
     def value(self, value: object) -> object: ...
@@ -202,6 +209,8 @@ def _create(t: Target[Rec], op: ops.CreateConversation) -> object:
         raise StorageError(f"conversation {cid!r} already exists")
     seq = t.alloc()
     record = t.new_conversation(op, seq)
+    if op.owner is not None:
+        t.own(cid, op.owner)
     t.remember(cid, SystemItem(text=op.system_prompt), None)
     t.emit(seq, cid, Created(conversation=record))
     return t.conversation(cid)
@@ -291,6 +300,8 @@ def finish_turn(t: Target[Rec], op: ops.FinishTurn) -> object:
         made.append(t.journal(cid, message_id, answer, AssistantMessageEvent))
         if op.item is not None:
             t.remember(cid, op.item, message_id)
+        if tokens := ops.tokens_of(op):
+            t.count_tokens(cid, tokens)
     if op.interrupted:
         seq = t.alloc()
         t.bump(cid, seq)

@@ -77,6 +77,8 @@ class CreateConversation(Op[ConversationRecord | Replayed], frozen=True, kw_only
     #: the agent it belongs to, and the instructions given in place of its agent's (if any)
     agent: str = "default"
     instructions: str | None = None
+    #: the user it belongs to (docs/USERS.md), stored in ``conversation_user``; None: no user's
+    owner: str | None = None
 
 
 class DeleteConversation(Op[bool], frozen=True, kw_only=True):
@@ -150,6 +152,15 @@ class FinishTurn(Op[list[MessageRecord]], frozen=True, kw_only=True):
     forget_from: int | None = None
     #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
     recheck: bool = False
+
+
+def tokens_of(op: FinishTurn) -> int:
+    """The model tokens a turn's answer counts against its conversation's user (docs/USERS.md):
+    prompt + completion as the model reported them over the turn's rounds (0: none reported)."""
+    if op.assistant is None or op.assistant[1].tokens is None:
+        return 0
+    tokens = op.assistant[1].tokens
+    return tokens.prompt + tokens.completion
 
 
 class Compact(Op[None], frozen=True, kw_only=True):

@@ -63,11 +63,23 @@ class Queries(Protocol[C_contra]):
                                    ) -> A2ATaskRow | None: ...
 
     def list_a2a_tasks(self, conn: C_contra, context_id: str | None, state: str | None,
-                       before_first_seq: int | None, limit: int, /
+                       before_first_seq: int | None, limit: int, user: str | None = None, /
                        ) -> tuple[list[A2ATaskRow], int]: ...
 
     def a2a_tasks_in_states(self, conn: C_contra, states: tuple[str, ...], /
                             ) -> list[A2ATaskRow]: ...
+
+    def users_of(self, conn: C_contra, conversation_ids: list[str], /) -> dict[str, str]: ...
+
+    def list_conversations_of(self, conn: C_contra, user: str, offset: int, limit: int, /
+                              ) -> list[ConversationRecord]: ...
+
+    def journal_of(self, conn: C_contra, user: str, after_seq: int, up_to_seq: int | None,
+                   limit: int, /) -> list[MessageRecord]: ...
+
+    def journal_count_of(self, conn: C_contra, user: str, after_seq: int, /) -> int: ...
+
+    def user_standing(self, conn: C_contra, user: str, day: str, /) -> tuple[int, int, int]: ...
 
 
 class Reads(ABC, Generic[C]):
@@ -142,15 +154,42 @@ class Reads(ABC, Generic[C]):
         return await self._read(self.queries.latest_a2a_task_of_context, context_id)
 
     async def list_a2a_tasks(self, context_id: str | None, state: str | None,
-                             before_first_seq: int | None, limit: int
+                             before_first_seq: int | None, limit: int, user: str | None = None
                              ) -> tuple[list[A2ATaskRow], int]:
-        check_looked_up(context_id, state)
+        """``user``: only the tasks of that user's conversations."""
+        check_looked_up(context_id, state, user)
         return await self._read(self.queries.list_a2a_tasks, context_id, state,
-                                before_first_seq, limit)
+                                before_first_seq, limit, user)
 
     async def a2a_tasks_in_states(self, states: tuple[str, ...]) -> list[A2ATaskRow]:
         check_looked_up(*states)
         return await self._read(self.queries.a2a_tasks_in_states, states)
+
+    # users (docs/USERS.md): who each conversation is, what a user's reads see, their standing
+
+    async def users_of(self, conversation_ids: list[str]) -> dict[str, str]:
+        """conversation id -> its user (deleted conversations too), those that have one."""
+        check_looked_up(*conversation_ids)
+        return await self._read(self.queries.users_of, conversation_ids)
+
+    async def list_conversations_of(self, user: str, offset: int, limit: int
+                                    ) -> list[ConversationRecord]:
+        check_looked_up(user)
+        return await self._read(self.queries.list_conversations_of, user, offset, limit)
+
+    async def journal_of(self, user: str, after_seq: int, up_to_seq: int | None, limit: int
+                         ) -> list[MessageRecord]:
+        check_looked_up(user)
+        return await self._read(self.queries.journal_of, user, after_seq, up_to_seq, limit)
+
+    async def journal_count_of(self, user: str, after_seq: int) -> int:
+        check_looked_up(user)
+        return await self._read(self.queries.journal_count_of, user, after_seq)
+
+    async def user_standing(self, user: str, day: str) -> tuple[int, int, int]:
+        """(conversations kept, turns accepted and not ended, model tokens on the UTC ``day``)."""
+        check_looked_up(user)
+        return await self._read(self.queries.user_standing, user, day)
 
     @abstractmethod
     def close(self) -> None: ...

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
-from quart import Response, current_app
+from quart import Response, current_app, g
 
-from agentik.errors import AgentikError, RuntimeClosedError, http_status
+from agentik.errors import AgentikError, RuntimeClosedError, UnauthorizedError, http_status
+from agentik.users import Principal
 from agentik.web import logsafe
 from agentik.web.errors import detail_of, headers_of
 from agentik.web.types import ErrorBody
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from agentik.config import Config
     from agentik.llm.base import LiteLlm
     from agentik.tools.base import ToolRegistry
+    from agentik.web.auth import Authenticator
 
 log = logging.getLogger("agentik.web")
 access_log = logging.getLogger("agentik.web.access")
@@ -55,6 +57,8 @@ class WebState:
     #: why the runtime could not start (set before start-up fails)
     startup_error: BaseException | None = None
     agent: LocalAgent | None = None
+    #: who a request's token is (set at start-up, once the settings are read)
+    authenticator: Authenticator | None = None
     #: set when the runtime died while serving (the server is on its way out)
     died: BaseException | None = None
     stopping: bool = False
@@ -106,6 +110,22 @@ class WebState:
         """Wait until exactly ``n`` streams are open."""
         while self.open_streams != n:
             await self._streams_changed.wait()
+
+
+def principal() -> Principal:
+    """The principal of the current HTTP request (set by the app's auth hook). Fails closed: a
+    request that passed no auth has none, and gets a 401."""
+    found = g.get("agentik_principal")
+    if not isinstance(found, Principal):
+        raise UnauthorizedError("authentication required")
+    return found
+
+
+def scope() -> str | None:
+    """Whose conversations the current request reaches: None (all) for an admin, else the
+    user's id (the Agent API's ``user=``)."""
+    who = principal()
+    return None if who.is_admin else who.user
 
 
 class _HasState(Protocol):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import trio
@@ -21,7 +22,7 @@ from werkzeug.exceptions import HTTPException
 
 from agentik.a2a import runtime as a2a_web
 from agentik.config import Config
-from agentik.errors import AgentikError
+from agentik.errors import AgentikError, RuntimeClosedError
 from agentik.openai_api import mount as openai_mount
 from agentik.openai_api import web as openai_web
 from agentik.sse import serve_body
@@ -40,6 +41,8 @@ from agentik.web.keepalive import shield_response_end
 from agentik.web.sse import HANDOFF, Handoff
 from agentik.web.sse import bp as sse_bp
 from agentik.web.ui import bp as ui_bp
+from agentik.web.users import a2a_caller
+from agentik.web.users import bp as usage_bp
 from agentik.web.ws import bp as ws_bp
 
 if TYPE_CHECKING:
@@ -119,7 +122,9 @@ def create_app(
     app.register_blueprint(http_bp)
     app.register_blueprint(sse_bp)
     app.register_blueprint(ws_bp)
-    a2a_web.mount_agentik(app, st, heartbeat=heartbeat)
+    app.register_blueprint(usage_bp)
+    # A2A requests are their principal's (docs/USERS.md)
+    a2a_web.mount_agentik(app, st, heartbeat=heartbeat).caller = partial(a2a_caller, st)
     openai_mount.mount_agentik(app, st, heartbeat=heartbeat)
     app.register_blueprint(ui_bp)
 
@@ -140,7 +145,8 @@ def create_app(
 
 
 async def _before_request() -> Response | None:
-    """Auth for every route but ``/healthz`` and ``auth.PUBLIC_ENDPOINTS``."""
+    """The request's principal (``g.agentik_principal``) for every route but ``/healthz`` and
+    ``auth.PUBLIC_ENDPOINTS``; admins only on ``auth.ADMIN_ENDPOINTS``."""
     g.agentik_started = time.perf_counter()
     st = state()
     agent = st.agent
@@ -151,16 +157,18 @@ async def _before_request() -> Response | None:
         return preflight
     if request.path == "/healthz" or request.endpoint in auth.PUBLIC_ENDPOINTS:
         return None
-    if st.config is None:
-        return None  # not started: the route answers 503
+    if st.authenticator is None:  # not started (or failed to): no route but the public ones
+        return error_response(RuntimeClosedError("the runtime is not running"))
     try:
-        auth.check(
-            st.config.tokens, request.headers.get("Authorization"),
-            request.args.get("access_token"),
+        who = await st.authenticator.principal(
+            request.headers.get("Authorization"), request.args.get("access_token"),
             allow_query=request.endpoint in auth.QUERY_TOKEN_ENDPOINTS,
         )
+        if request.endpoint in auth.ADMIN_ENDPOINTS:
+            auth.require_admin(who, request.path)
     except AgentikError as exc:
         return error_response(exc)
+    g.agentik_principal = who
     return None
 
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from agentik.errors import UnauthorizedError
+from agentik.config import Config
+from agentik.errors import ForbiddenError, UnauthorizedError
+from agentik.users import SHARED_ADMIN, Principal, Users, load_users
+from agentik.web.jwt_auth import JwtVerifier
 
 
 def token_from(
@@ -54,6 +58,67 @@ def check(
     if not is_valid(token, tokens):
         raise UnauthorizedError("invalid token")
 
+
+@dataclass(frozen=True)
+class Authenticator:
+    """Who a token is: built once at start-up from the settings (:meth:`start`)."""
+
+    tokens: Sequence[str] = ()
+    users: Users | None = None
+    jwt: JwtVerifier | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tokens) or self.users is not None or self.jwt is not None
+
+    @classmethod
+    async def start(cls, config: Config) -> Authenticator:
+        """Read the users file and the JWKS. Raises ConfigError (UsersFileError: one line per
+        mistake in the file)."""
+        users = load_users(config.users_file) if config.users_file else None
+        verifier = None
+        if config.jwt_jwks:
+            verifier = JwtVerifier(
+                config.jwt_jwks, issuer=config.jwt_issuer, audience=config.jwt_audience,
+                role_claim=config.jwt_role_claim)
+            await verifier.load()
+        return cls(tokens=config.tokens, users=users, jwt=verifier)
+
+    async def principal(
+        self, authorization: str | None, access_token: str | None, *, allow_query: bool
+    ) -> Principal:
+        """The request's principal. Raises UnauthorizedError."""
+        if not self.enabled:
+            return SHARED_ADMIN
+        token = token_from(authorization, access_token, allow_query=allow_query)
+        if token is None:
+            where = "an Authorization: Bearer header" + (
+                " or ?access_token=" if allow_query else "")
+            raise UnauthorizedError(f"authentication required: send {where}")
+        if self.users is not None:
+            user = self.users.by_token(token)
+            if user is not None:
+                return user
+        if is_valid(token, self.tokens):
+            return SHARED_ADMIN
+        if self.jwt is not None and token.count(".") == 2:
+            return await self.jwt.principal(token, self.users)
+        raise UnauthorizedError("invalid token")
+
+
+def require_admin(principal: Principal, what: str) -> None:
+    """Raises ForbiddenError unless ``principal`` is an admin."""
+    if not principal.is_admin:
+        raise ForbiddenError(f"{what} is for admins only")
+
+
+#: endpoints only admins reach (a user gets 403): the process's metrics, the API description and
+#: the tool servers' states (their errors name hosts and paths)
+ADMIN_ENDPOINTS = frozenset({
+    "agentik_http.prometheus_metrics",
+    "agentik_http.openapi",
+    "agentik_http.tools",
+})
 
 #: endpoints where browsers cannot set headers, so ``?access_token=`` is accepted (SSE, WebSocket)
 QUERY_TOKEN_ENDPOINTS = frozenset({

@@ -2,8 +2,8 @@
 map, :data:`agentik.errors.HTTP_ERRORS`.
 
 Every error answer is ``{"error": {"code", "message"}}``; a gap adds ``oldest`` and ``current``,
-a full mailbox adds ``retry_after`` (and the ``Retry-After`` header), a 503 says ``Retry-After:
-1``, a 401 says ``WWW-Authenticate``. WebSocket error frames carry the same
+a full mailbox and a user over a limit add ``retry_after`` (and the ``Retry-After`` header), a
+503 says ``Retry-After: 1``, a 401 says ``WWW-Authenticate``. WebSocket error frames carry the same
 :class:`~agentik.web.types.ErrorDetail`.
 """
 
@@ -27,13 +27,13 @@ def detail_of(exc: AgentikError) -> ErrorDetail:
         return ErrorDetail(
             code=exc.code, message=str(exc), oldest=str(exc.oldest), current=str(exc.current)
         )
-    if isinstance(exc, MailboxFullError):
+    if isinstance(exc, MailboxFullError):  # and RateLimitedError
         return ErrorDetail(code=exc.code, message=str(exc), retry_after=exc.retry_after)
     return ErrorDetail(code=exc.code, message=str(exc))
 
 
 def headers_of(exc: AgentikError) -> dict[str, str]:
-    if isinstance(exc, MailboxFullError):
+    if isinstance(exc, MailboxFullError):  # and RateLimitedError
         # Retry-After takes whole seconds; never 0, which would invite a hot retry loop.
         return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
     if isinstance(exc, UnauthorizedError):

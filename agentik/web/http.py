@@ -9,7 +9,6 @@ JSON, a body or query parameter that fails validation), NotFoundError (404), Pay
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from quart import Blueprint, Response, g, request
@@ -24,8 +23,7 @@ from agentik.errors import (
     PayloadTooLargeError,
     UnauthorizedError,
 )
-from agentik.web import auth
-from agentik.web._state import json_response, state
+from agentik.web._state import json_response, principal, scope, state
 from agentik.web.openapi import openapi_document
 from agentik.web.types import (
     AgentInfo,
@@ -162,7 +160,7 @@ async def readyz() -> Response:
     would not bring the server back; ``tools``, ``model_reachable`` and ``reasons`` say which
     and why.
     Public like /healthz; with auth on, the error texts (paths, hosts, a server's stderr) are
-    given only to a request with a valid token."""
+    given only to a request with an admin's token."""
     st = state()
     agent = st.agent
     if agent is None or st.stopping:
@@ -173,7 +171,7 @@ async def readyz() -> Response:
         else:
             runtime, why = "starting", "the runtime is starting"
         return json_response(Readiness(status="not_ready", runtime=runtime, reasons=[why]), 503)
-    detail = _may_see_details(agent.config.tokens)
+    detail = await _may_see_details()
     health = agent.storage_health
     error = health.error if detail else None
     reasons: list[str] = []
@@ -207,13 +205,17 @@ async def readyz() -> Response:
     return json_response(body, 200 if ready else 503)
 
 
-def _may_see_details(tokens: Sequence[str]) -> bool:
-    """Auth off, or the request carries a valid bearer token."""
+async def _may_see_details() -> bool:
+    """Auth off, or the request carries an admin's bearer token."""
+    authenticator = state().authenticator
+    if authenticator is None:
+        return False
     try:
-        auth.check(tokens, request.headers.get("Authorization"), None, allow_query=False)
+        who = await authenticator.principal(
+            request.headers.get("Authorization"), None, allow_query=False)
     except UnauthorizedError:
         return False
-    return True
+    return who.is_admin
 
 
 async def _tool_servers(registry: Any) -> list[Any]:
@@ -256,7 +258,7 @@ async def openapi() -> Response:
 async def list_conversations() -> Response:
     agent = state().require_agent()
     snapshot = await agent.conversations_snapshot(
-        offset=int_param("offset", 0), limit=int_param("limit", 100)
+        offset=int_param("offset", 0), limit=int_param("limit", 100), user=scope()
     )
     return json_response(snapshot)
 
@@ -265,9 +267,11 @@ async def list_conversations() -> Response:
 async def create_conversation() -> Response:
     agent = state().require_agent()
     body = await json_body(CreateConversationBody, empty=CreateConversationBody())
+    who = principal()
+    await agent.users.before_create(who.user, who.limits)
     conv = await agent.create_conversation(
         temp=body.temp, title=body.title, idempotency_key=idempotency_key(),
-        agent=body.agent, instructions=body.instructions)
+        agent=body.agent, instructions=body.instructions, owner=who.user)
     return json_response(conv.record, 201)
 
 
@@ -282,7 +286,7 @@ async def get_agent(agent_id: str) -> Response:
 
 
 async def _conversation(conversation_id: str) -> Any:
-    conv = await state().require_agent().get_conversation(conversation_id)
+    conv = await state().require_agent().get_conversation(conversation_id, user=scope())
     if conv is None:
         raise NotFoundError(f"conversation {conversation_id!r} not found")
     return conv
@@ -298,14 +302,14 @@ async def get_conversation(conversation_id: str) -> Response:
 async def rename_conversation(conversation_id: str) -> Response:
     agent = state().require_agent()
     body = await json_body(RenameConversationBody)
-    record = await agent.rename_conversation(conversation_id, body.title)
+    record = await agent.rename_conversation(conversation_id, body.title, user=scope())
     return json_response(record)
 
 
 @bp.delete("/agentik/conversations/<conversation_id>")
 async def delete_conversation(conversation_id: str) -> Response:
     agent = state().require_agent()
-    if not await agent.delete_conversation(conversation_id):
+    if not await agent.delete_conversation(conversation_id, user=scope()):
         raise NotFoundError(f"conversation {conversation_id!r} not found")
     return Response(b"", status=204)
 
@@ -314,8 +318,11 @@ async def delete_conversation(conversation_id: str) -> Response:
 async def send_message(conversation_id: str) -> Response:
     agent = state().require_agent()
     body = await json_body(SendMessageBody)
+    who = principal()
+    await agent.users.before_send(who.user, who.limits)
     message_id = await agent.send(conversation_id, body.content, body.context,
-                                  on_busy=body.on_busy, idempotency_key=idempotency_key())
+                                  on_busy=body.on_busy, idempotency_key=idempotency_key(),
+                                  user=scope())
     return json_response(MessageAccepted(message_id=message_id), 202)
 
 
@@ -324,9 +331,9 @@ async def interrupt(conversation_id: str) -> Response:
     agent = state().require_agent()
     body = await json_body(InterruptBody, empty=InterruptBody())
     if body.turn_id is None:
-        interrupted = await agent.interrupt(conversation_id)
+        interrupted = await agent.interrupt(conversation_id, user=scope())
     else:
-        interrupted = await agent.cancel_turn(conversation_id, body.turn_id)
+        interrupted = await agent.cancel_turn(conversation_id, body.turn_id, user=scope())
     return json_response(InterruptResult(interrupted=interrupted), 202)
 
 
@@ -343,7 +350,7 @@ async def get_messages(conversation_id: str) -> Response:
 @bp.get("/agentik/conversations/<conversation_id>/snapshot")
 async def chat_snapshot(conversation_id: str) -> Response:
     agent = state().require_agent()
-    return json_response(await agent.chat_snapshot(conversation_id))
+    return json_response(await agent.chat_snapshot(conversation_id, user=scope()))
 
 
 # --- journal -------------------------------------------------------------------------------------
@@ -357,6 +364,7 @@ async def journal() -> Response:
         after_seq=int_param("after_seq", 0),
         up_to_seq=opt_int_param("up_to_seq"),
         limit=int_param("limit", 100),
+        user=scope(),
     )
     return json_response(records)
 
@@ -367,5 +375,6 @@ async def journal_count() -> Response:
     count = await agent.journal.count(
         conversation_id=request.args.get("conversation_id") or None,
         after_seq=int_param("after_seq", 0),
+        user=scope(),
     )
     return json_response(CountResult(count=count))

@@ -25,7 +25,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
 
 from agentik.errors import ConfigError, UnauthorizedError
-from agentik.users import Limits, Principal, Role, Users
+from agentik.users import Limits, Principal, Role, Users, is_user_id
 
 #: the signature algorithms accepted ("Ed25519" is joserfc's newer name for EdDSA on that curve)
 ALGORITHMS = ["RS256", "ES256", "EdDSA", "Ed25519"]
@@ -161,7 +161,7 @@ class JwtVerifier:
         except (JoseError, ValueError, TypeError) as exc:
             raise UnauthorizedError(f"invalid token: {type(exc).__name__}") from None
         sub = decoded.claims.get("sub")
-        if not isinstance(sub, str) or not sub:
-            raise UnauthorizedError("invalid token: no subject")
+        if not isinstance(sub, str) or not is_user_id(sub):
+            raise UnauthorizedError("invalid token: its subject is no user id")
         limits = users.limits_of(sub) if users is not None else Limits()
         return Principal(user=sub, role=role_of(decoded.claims, self.role_claim), limits=limits)

@@ -16,7 +16,7 @@ from quart_trio import QuartTrio
 
 from agentik.config import Config
 from agentik.runtime import open_runtime
-from agentik.web import process
+from agentik.web import auth, process
 from agentik.web._state import WebState, log
 
 
@@ -47,6 +47,7 @@ async def start_runtime(app: QuartTrio, st: WebState) -> None:
         else:
             process.setup_logging(st.config.log_format)
         app.config["MAX_CONTENT_LENGTH"] = st.config.max_body_bytes
+        st.authenticator = await auth.Authenticator.start(st.config)
         await app.nursery.start(hold_runtime, st, st.config)
         if st.tune_gc:
             process.tune_gc(st.config.gc_threshold)

@@ -51,6 +51,7 @@ from agentik.web.types import (
     SendMessageBody,
     ServerFrame,
     ToolsStatus,
+    Usage,
 )
 from agentik.wire import (
     ChatSnapshot,
@@ -142,7 +143,8 @@ ROUTES: tuple[Route, ...] = (
           errors=(400,)),
     Route("post", "/agentik/conversations", "createConversation",
           "Create a conversation (an empty body means {})", 201, ConversationRecord,
-          body=CreateConversationBody, params=(IDEMPOTENCY_KEY,), errors=(400, 404, 413, 422)),
+          body=CreateConversationBody, params=(IDEMPOTENCY_KEY,),
+          errors=(400, 404, 413, 422, 429)),
     Route("get", "/agentik/agents", "listAgents",
           "The server's agents (docs/AGENTS.md) and the default one's id", 200, AgentList),
     Route("get", "/agentik/agents/{agent_id}", "getAgent",
@@ -199,11 +201,16 @@ ROUTES: tuple[Route, ...] = (
     Route("get", "/agentik/ws", "websocket",
           "WebSocket upgrade. Client frames: ClientFrame; server frames: ServerFrame "
           "(see docs/PROTOCOL.md)", 101, params=(ACCESS_TOKEN,), query_token=True),
-    Route("get", "/agentik/tools", "tools", "MCP servers with their state and tools", 200,
-          ToolsStatus),
-    Route("get", "/agentik/openapi.json", "openapi", "This document", 200),
-    Route("get", "/metrics", "metrics", "Prometheus text exposition (same auth as the API)",
-          200, ok_media=PROMETHEUS),
+    Route("get", "/agentik/usage", "usage",
+          "The caller's model tokens this UTC day, their daily limit and when it resets; an "
+          "admin reads another user's with `?user=` (docs/USERS.md)", 200, Usage,
+          params=(Param("user", "query", "another user's (admins only)"),), errors=(400, 403)),
+    Route("get", "/agentik/tools", "tools", "MCP servers with their state and tools (admins)",
+          200, ToolsStatus, errors=(403,)),
+    Route("get", "/agentik/openapi.json", "openapi", "This document (admins)", 200,
+          errors=(403,)),
+    Route("get", "/metrics", "metrics", "Prometheus text exposition (admins)",
+          200, ok_media=PROMETHEUS, errors=(403,)),
     Route("get", "/.well-known/agent-card.json", "a2aAgentCard",
           "A2A v1.0 agent card (public; see docs/A2A.md)", 200, open=True),
     Route("post", "/a2a", "a2aJsonRpc",
@@ -284,13 +291,15 @@ ROUTES: tuple[Route, ...] = (
 _ERROR_TEXT = {
     400: "invalid input (bad JSON, a body or parameter that fails validation)",
     401: "missing or invalid bearer token",
-    404: "unknown conversation",
+    403: "admins only",
+    404: "unknown conversation (another user's too)",
     409: "busy (on_busy=reject while a turn runs; nothing stored) or conversation_failed "
          "(it crashed too often and takes no more turns)",
     410: "dead cursor: resync from a snapshot; `oldest` and `current` are in the body",
     413: "body over the size limit",
     422: "idempotency_key_reused: this Idempotency-Key was used with another request",
-    429: "the conversation's mailbox is full; see Retry-After",
+    429: "the conversation's mailbox is full, or the user is over a limit of theirs; see "
+         "Retry-After",
     502: "the agent's turn failed (its model's server or a tool)",
     503: "the runtime is not running",
 }

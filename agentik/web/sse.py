@@ -40,7 +40,7 @@ from agentik import metrics
 from agentik.agent import StoredEvent
 from agentik.errors import InvalidInputError, NotFoundError, OutboxGapError
 from agentik.sse import HEARTBEAT, OPENED, PUMP_BUFFER, SSE_TYPE, WakeBody, drain, frame
-from agentik.web._state import WebState, log, state
+from agentik.web._state import WebState, log, scope, state
 from agentik.web.errors import detail_of
 from agentik.web.types import EndedReason, ErrorBody, StreamEnded
 from agentik.wire import CommonEvent, Cursor, Event, encode
@@ -342,7 +342,7 @@ def stream_response(st: WebState, body: WakeBody, after: Cursor | None) -> Respo
 
 
 async def _require_conversation(agent: LocalAgent, conversation_id: str) -> None:
-    if await agent.get_conversation(conversation_id) is None:
+    if await agent.get_conversation(conversation_id, user=scope()) is None:
         raise NotFoundError(f"conversation {conversation_id!r} not found")
 
 
@@ -368,7 +368,7 @@ async def events() -> Response:
     agent = st.require_agent()
     kind = kind_param(request.args.get("kind"))
     after = start_cursor(agent)
-    batches = partial(agent.outbox.stored_batches, after, kind=kind)
+    batches = partial(agent.outbox.stored_batches, after, kind=kind, user=scope())
     return stream_response(st, EventStream(st, batches, after, st.heartbeat), after)
 
 
@@ -381,8 +381,10 @@ async def conversation_events(conversation_id: str) -> Response:
     # A conversation deleted while the client was away is still streamed from its cursor, so the
     # client sees the Deleted event; otherwise an unknown id is a 404. In this order: a deletion
     # that has removed the row has also stored its events (one transaction).
-    if await agent.get_conversation(conversation_id) is None and not (
-        resuming and await agent.outbox.has_events_after(conversation_id, after)
+    # Another user's conversation, deleted or not, answers as an unknown id.
+    if not await agent.users.owns(conversation_id, scope()) or (
+        await agent.get_conversation(conversation_id) is None
+        and not (resuming and await agent.outbox.has_events_after(conversation_id, after))
     ):
         raise NotFoundError(f"conversation {conversation_id!r} not found")
     batches = partial(agent.outbox.stored_batches, after, conversation_id=conversation_id)

@@ -43,6 +43,7 @@ from agentik.protocol import (
     ToolServerProblem,
     ToolsStatus,
     Unsubscribe,
+    Usage,
     decode_client_frame,
     decode_server_frame,
 )
@@ -89,6 +90,7 @@ __all__ = [
     "ToolServerProblem",
     "ToolsStatus",
     "Unsubscribe",
+    "Usage",
     "decode_client_frame",
     "decode_server_frame",
 ]

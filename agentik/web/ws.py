@@ -29,8 +29,14 @@ from quart import Blueprint, Response, websocket
 from agentik import metrics
 from agentik.agent import LocalAgent
 from agentik.api import decode_client_json
-from agentik.errors import AgentikError, InvalidInputError, NotFoundError, http_status
-from agentik.web import auth
+from agentik.errors import (
+    AgentikError,
+    InvalidInputError,
+    NotFoundError,
+    RuntimeClosedError,
+    http_status,
+)
+from agentik.users import SHARED_ADMIN, Principal
 from agentik.web._state import WebState, error_response, log, log_request, state
 from agentik.web.errors import detail_of
 from agentik.web.types import (
@@ -115,9 +121,12 @@ def events_frames(subscription: bytes, raws: list[bytes], limit: int = FRAME_BYT
 
 
 class Session:
-    def __init__(self, st: WebState, agent: LocalAgent) -> None:
+    def __init__(self, st: WebState, agent: LocalAgent, who: Principal = SHARED_ADMIN) -> None:
         self.st = st
         self.agent = agent
+        #: the socket's principal; ``user`` is whose conversations it reaches (None: all)
+        self.who = who
+        self.user = None if who.is_admin else who.user
         self.max_bytes = st.cfg.max_body_bytes
         self.out_send, self.out_recv = trio.open_memory_channel[bytes](OUT_BUFFER)
         #: subscription id -> (its cancel scope, set once its task has finished)
@@ -197,36 +206,40 @@ class Session:
 
     async def command(self, frame: Any) -> Any:
         """Run one command; returns the reply's ``result``. Raises AgentikError."""
-        agent = self.agent
+        agent, user, who = self.agent, self.user, self.who
         if isinstance(frame, CreateConversation):
+            await agent.users.before_create(who.user, who.limits)
             return (await agent.create_conversation(
                 temp=frame.temp, title=frame.title, idempotency_key=frame.idempotency_key,
-                agent=frame.agent, instructions=frame.instructions)).record
+                agent=frame.agent, instructions=frame.instructions, owner=who.user)).record
         if isinstance(frame, GetConversation):
-            conv = await agent.get_conversation(frame.conversation_id)
+            conv = await agent.get_conversation(frame.conversation_id, user=user)
             if conv is None:
                 raise NotFoundError(f"conversation {frame.conversation_id!r} not found")
             return conv.record
         if isinstance(frame, ListConversations):
-            return await agent.conversations_snapshot(offset=frame.offset, limit=frame.limit)
+            return await agent.conversations_snapshot(
+                offset=frame.offset, limit=frame.limit, user=user)
         if isinstance(frame, SendMessage):
+            await agent.users.before_send(who.user, who.limits)
             message_id = await agent.send(
                 frame.conversation_id, frame.content, frame.context, on_busy=frame.on_busy,
-                idempotency_key=frame.idempotency_key)
+                idempotency_key=frame.idempotency_key, user=user)
             return MessageAccepted(message_id=message_id)
         if isinstance(frame, InterruptTurn):
             if frame.turn_id is not None:
-                return InterruptResult(
-                    interrupted=await agent.cancel_turn(frame.conversation_id, frame.turn_id))
-            return InterruptResult(interrupted=await agent.interrupt(frame.conversation_id))
+                return InterruptResult(interrupted=await agent.cancel_turn(
+                    frame.conversation_id, frame.turn_id, user=user))
+            return InterruptResult(
+                interrupted=await agent.interrupt(frame.conversation_id, user=user))
         if isinstance(frame, RenameConversation):
-            return await agent.rename_conversation(frame.conversation_id, frame.title)
+            return await agent.rename_conversation(frame.conversation_id, frame.title, user=user)
         if isinstance(frame, DeleteConversation):
-            if not await agent.delete_conversation(frame.conversation_id):
+            if not await agent.delete_conversation(frame.conversation_id, user=user):
                 raise NotFoundError(f"conversation {frame.conversation_id!r} not found")
             return None
         if isinstance(frame, GetSnapshot):
-            return await agent.chat_snapshot(frame.conversation_id)
+            return await agent.chat_snapshot(frame.conversation_id, user=user)
         if isinstance(frame, Unsubscribe):
             entry = self.subs.pop(frame.subscription, None)
             if entry is None:
@@ -252,7 +265,7 @@ class Session:
         if frame.stream in ("conversation", "live"):
             if not conversation_id:
                 raise InvalidInputError(f"a {frame.stream} subscription needs conversation_id")
-            if await self.agent.get_conversation(conversation_id) is None:
+            if await self.agent.get_conversation(conversation_id, user=self.user) is None:
                 raise NotFoundError(f"conversation {conversation_id!r} not found")
         after: Cursor | None = None
         source: AsyncIterator[Any]
@@ -274,7 +287,7 @@ class Session:
                     raise InvalidInputError("`kind` filters an events subscription only")
                 kind = frame.kind
             cid = conversation_id if frame.stream == "conversation" else None
-            source = outbox.stored_batches(after, conversation_id=cid, kind=kind)
+            source = outbox.stored_batches(after, conversation_id=cid, kind=kind, user=self.user)
             to_raws = _durable_raws
             # A durable stream ends by itself only after its conversation's Deleted.
             reason = "deleted"
@@ -356,11 +369,13 @@ async def ws() -> Response | None:
     status = 101
     try:
         try:
-            auth.check(
-                st.cfg.tokens, websocket.headers.get("Authorization"),
-                websocket.args.get("access_token"), allow_query=True,
-            )
             agent = st.require_agent()
+            if st.authenticator is None:
+                raise RuntimeClosedError("the runtime is not running")
+            who = await st.authenticator.principal(
+                websocket.headers.get("Authorization"), websocket.args.get("access_token"),
+                allow_query=True,
+            )
         except AgentikError as exc:
             # Not accepted yet: the client gets a plain HTTP error answer.
             status = http_status(exc)
@@ -369,7 +384,7 @@ async def ws() -> Response | None:
         st.stream_opened()
         metrics.WS_CONNECTIONS.inc()
         try:
-            await Session(st, agent).run()
+            await Session(st, agent, who).run()
         finally:
             metrics.WS_CONNECTIONS.dec()
             st.stream_closed()

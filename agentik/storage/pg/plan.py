@@ -159,6 +159,10 @@ class Plan:
     idem_rows: list[tuple[str, str, str, float]] = field(default_factory=list)
     #: read for the batch's rechecked ops; None when it has none
     found: Found | None = None
+    #: (conversation id, user) of conversations created for a user (docs/USERS.md)
+    users: list[tuple[str, str]] = field(default_factory=list)
+    #: (conversation id, model tokens) of the batch's answers, added to their users' day
+    usage: list[tuple[str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._cursor0 = Cursor(epoch=self.epoch, offset=0)

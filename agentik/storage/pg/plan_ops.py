@@ -168,6 +168,12 @@ class PgTarget:
         p.idem[idem.key] = (idem.fingerprint, result_id)
         p.idem_rows.append((idem.key, idem.fingerprint, result_id, p.now + idem.ttl))
 
+    def own(self, conversation_id: str, user: str) -> None:
+        self.p.users.append((conversation_id, user))
+
+    def count_tokens(self, conversation_id: str, tokens: int) -> None:
+        self.p.usage.append((conversation_id, tokens))
+
     # --- results --------------------------------------------------------------------------------
 
     def value(self, value: object) -> Result:

@@ -129,17 +129,20 @@ def latest_a2a_task_of_context(conn: Conn, context_id: str) -> A2ATaskRow | None
 
 
 def list_a2a_tasks(conn: Conn, context_id: str | None, state: str | None,
-                   before_first_seq: int | None, limit: int) -> tuple[list[A2ATaskRow], int]:
+                   before_first_seq: int | None, limit: int, user: str | None = None
+                   ) -> tuple[list[A2ATaskRow], int]:
     """One statement, so one snapshot: the page, and how many match the filters (counted
-    before the page's own bound)."""
+    before the page's own bound). ``user``: only the tasks of that user's conversations."""
     before = "" if before_first_seq is None else " AND first_seq < %(before)s"
+    owned = "" if user is None else (" AND conversation_id IN (SELECT conversation_id FROM "
+                                     "conversation_user WHERE user_id = %(user)s)")
     rows = conn.execute(
         f"WITH t AS (SELECT {A2A_TASK_COLUMNS} FROM a2a_task WHERE true"
-        f"{_where(context_id=context_id, state=state)}) "
+        f"{_where(context_id=context_id, state=state)}{owned}) "
         f"SELECT (SELECT count(*) FROM t), p.* FROM (SELECT 1) one LEFT JOIN LATERAL "
         f"(SELECT * FROM t WHERE true{before} ORDER BY first_seq DESC LIMIT %(limit)s) p ON true",
         {"context_id": context_id, "state": state, "before": before_first_seq,
-         "limit": limit}).fetchall()
+         "limit": limit, "user": user}).fetchall()
     total = int(rows[0][0]) if rows else 0
     return [a2a_task_of(r[1:]) for r in rows if r[1] is not None], total
 
@@ -202,3 +205,51 @@ def outbox_page(
     oldest = int(lo) if lo is not None else head + 1
     events = [row_to_event(r[2:]) for r in rows if r[2] is not None]
     return oldest, head, events
+
+
+# --- users (docs/USERS.md) -----------------------------------------------------------------------
+
+#: the conversations of one user: a sub-select of every read scoped to a user
+_OWNED = "SELECT conversation_id FROM conversation_user WHERE user_id = %(user)s"
+
+
+def users_of(conn: Conn, conversation_ids: list[str]) -> dict[str, str]:
+    """conversation id -> its user, for those of ``conversation_ids`` that have one (deleted
+    ones too: the row outlives the conversation)."""
+    rows = conn.execute("SELECT conversation_id, user_id FROM conversation_user "
+                        "WHERE conversation_id = ANY(%s)", (conversation_ids,))
+    return {r[0]: r[1] for r in rows}
+
+
+def list_conversations_of(conn: Conn, user: str, offset: int, limit: int
+                          ) -> list[ConversationRecord]:
+    rows = conn.execute(f"SELECT {CONVERSATION_COLUMNS} FROM conversation WHERE id IN ({_OWNED}) "
+                        "ORDER BY updated_at DESC, id OFFSET %(offset)s LIMIT %(limit)s",
+                        {"user": user, "offset": offset, "limit": limit})
+    return [conversation_of(r) for r in rows]
+
+
+def journal_of(conn: Conn, user: str, after_seq: int, up_to_seq: int | None, limit: int
+               ) -> list[MessageRecord]:
+    up_to = "" if up_to_seq is None else " AND seq <= %(up_to)s"
+    rows = conn.execute(f"SELECT {MESSAGE_COLUMNS} FROM message WHERE seq > %(after)s"
+                        f" AND conversation_id IN ({_OWNED}){up_to} ORDER BY seq LIMIT %(limit)s",
+                        {"user": user, "after": after_seq, "up_to": up_to_seq, "limit": limit})
+    return [message_of(r) for r in rows]
+
+
+def journal_count_of(conn: Conn, user: str, after_seq: int) -> int:
+    row = conn.execute(f"SELECT count(*) FROM message WHERE seq > %(after)s AND conversation_id "
+                       f"IN ({_OWNED})", {"user": user, "after": after_seq}).fetchone()
+    return int(row[0]) if row else 0
+
+
+def user_standing(conn: Conn, user: str, day: str) -> tuple[int, int, int]:
+    """(conversations kept, turns accepted and not ended, tokens used on ``day``), one read."""
+    row = conn.execute(
+        f"SELECT (SELECT count(*) FROM conversation WHERE id IN ({_OWNED})), "
+        f"(SELECT count(*) FROM turn WHERE conversation_id IN ({_OWNED})), "
+        "(SELECT COALESCE(sum(tokens), 0) FROM user_usage WHERE user_id = %(user)s "
+        "AND day = %(day)s)", {"user": user, "day": day}).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])

@@ -24,7 +24,7 @@ import psycopg
 
 from agentik.storage.migrations import apply_migrations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -133,14 +133,30 @@ DROP INDEX turn_by_conversation;
 ALTER TABLE turn ADD PRIMARY KEY (conversation_id, id);
 """
 
-#: version -> script that brings a schema from version-1 to version
 # A conversation belongs to an agent (docs/AGENTS.md); as SQLite's v6.
 _V6 = """
 ALTER TABLE conversation ADD COLUMN agent TEXT NOT NULL DEFAULT 'default';
 ALTER TABLE conversation ADD COLUMN instructions TEXT;
 """
 
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6}
+#: users (docs/USERS.md): who created each conversation (kept after its deletion, so a replay
+#: knows whose its events were), and model tokens per user and UTC day; as SQLite's v7
+_V7 = """
+CREATE TABLE conversation_user (
+    conversation_id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL
+);
+CREATE INDEX conversation_user_by_user ON conversation_user (user_id, conversation_id);
+CREATE TABLE user_usage (
+    user_id TEXT NOT NULL,
+    day TEXT NOT NULL,
+    tokens BIGINT NOT NULL,
+    PRIMARY KEY (user_id, day)
+);
+"""
+
+#: version -> script that brings a schema from version-1 to version
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7}
 
 
 def migrate(conn: psycopg.Connection[Any]) -> str:

@@ -19,6 +19,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from agentik.limits import utc_day
 from agentik.storage.pg.arrays import Bools, Byteas, Float8s, Int8s, Texts
 from agentik.storage.pg.fence import Ownership
 from agentik.storage.pg.plan import Plan
@@ -97,6 +98,18 @@ _TASK = """a AS (INSERT INTO a2a_task (id, context_id, conversation_id, state, c
     ON CONFLICT (id) DO UPDATE
     SET conversation_id = EXCLUDED.conversation_id, state = EXCLUDED.state,
         updated_at = EXCLUDED.updated_at, seq = EXCLUDED.seq, payload = EXCLUDED.payload)"""
+#: the user of each conversation created for one (docs/USERS.md); the row outlives the
+#: conversation (a replay still knows whose its events were)
+_USERS = """cu AS (INSERT INTO conversation_user (conversation_id, user_id)
+    SELECT r.cid, r.uid FROM c, unnest(%(cu_cid)b::text[], %(cu_uid)b::text[]) AS r(cid, uid)
+    ON CONFLICT (conversation_id) DO NOTHING)"""
+#: the model tokens of the batch's answers, added to their conversations' users' UTC day (a
+#: conversation created in the same statement has no answer yet, so the join sees every user)
+_USAGE = """uu AS (INSERT INTO user_usage (user_id, day, tokens)
+    SELECT x.user_id, %(day)s, sum(r.tokens) FROM c,
+    unnest(%(uu_cid)b::text[], %(uu_tokens)b::bigint[]) AS r(cid, tokens)
+    JOIN conversation_user x ON x.conversation_id = r.cid GROUP BY x.user_id
+    ON CONFLICT (user_id, day) DO UPDATE SET tokens = user_usage.tokens + EXCLUDED.tokens)"""
 #: expired Idempotency-Keys go with every batch (but not those the batch stores again)
 _KEYS_EXPIRED = """ik AS (DELETE FROM idempotency_key USING c WHERE idempotency_key.expires_at <= %(now)s
     AND NOT idempotency_key.key = ANY(%(i_key)b::text[]))"""
@@ -231,6 +244,13 @@ def _state_rows(p: Plan, parts: list[str], args: dict[str, Any]) -> None:
                     **{"del": p.deleted})
     if p.deleted:
         parts.append(_DELETED)
+    if p.users:
+        parts.append(_USERS)
+        args.update(cu_cid=[r[0] for r in p.users], cu_uid=[r[1] for r in p.users])
+    if p.usage:
+        parts.append(_USAGE)
+        args.update(uu_cid=[r[0] for r in p.usage], uu_tokens=[r[1] for r in p.usage],
+                    day=utc_day(p.now))
     if p.task_rows:
         parts.append(_TASK)
         a = p.task_rows

@@ -12,6 +12,7 @@ import sqlite3
 
 import msgspec
 
+from agentik.limits import utc_day
 from agentik.storage import apply, ops
 from agentik.storage.sqlite.rows import (
     KIND_INDEX,
@@ -249,6 +250,17 @@ class SqliteTarget:
             "INSERT INTO idempotency_key (key, fingerprint, result_id, created_at, expires_at) "
             "VALUES (?, ?, ?, ?, ?)",
             (idem.key, idem.fingerprint, result_id, self.now, self.now + idem.ttl))
+
+    def own(self, conversation_id: str, user: str) -> None:
+        self.conn.execute("INSERT INTO conversation_user (conversation_id, user_id) VALUES (?, ?)",
+                          (conversation_id, user))
+
+    def count_tokens(self, conversation_id: str, tokens: int) -> None:
+        self.conn.execute(
+            "INSERT INTO user_usage (user_id, day, tokens) SELECT user_id, ?, ? "
+            "FROM conversation_user WHERE conversation_id=? "
+            "ON CONFLICT (user_id, day) DO UPDATE SET tokens = tokens + excluded.tokens",
+            (utc_day(self.now), tokens, conversation_id))
 
     # --- results --------------------------------------------------------------------------------
 

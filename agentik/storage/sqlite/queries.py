@@ -192,11 +192,16 @@ def list_a2a_tasks(
     state: str | None,
     before_first_seq: int | None,
     limit: int,
+    user: str | None = None,
 ) -> tuple[list[A2ATaskRow], int]:
     """One consistent read: (tasks matching the filters, newest first by creation, created before
-    ``before_first_seq`` if given, at most ``limit``; how many match the filters in all)."""
+    ``before_first_seq`` if given, at most ``limit``; how many match the filters in all).
+    ``user``: only the tasks of that user's conversations."""
     where = []
     args: list[Any] = []
+    if user is not None:
+        where.append(f"conversation_id IN ({_OWNED})")
+        args.append(user)
     if context_id is not None:
         where.append("context_id=?")
         args.append(context_id)
@@ -229,3 +234,59 @@ def a2a_tasks_in_states(conn: sqlite3.Connection, states: tuple[str, ...]) -> li
         states,
     ).fetchall()
     return [a2a_task_of(r) for r in rows]
+
+
+# --- users (docs/USERS.md) -----------------------------------------------------------------------
+
+#: the conversations of one user: a sub-select of every read scoped to a user
+_OWNED = "SELECT conversation_id FROM conversation_user WHERE user_id=?"
+
+
+def users_of(conn: sqlite3.Connection, conversation_ids: list[str]) -> dict[str, str]:
+    """conversation id -> its user, for those of ``conversation_ids`` that have one (deleted
+    ones too: the row outlives the conversation)."""
+    out: dict[str, str] = {}
+    for i in range(0, len(conversation_ids), 500):  # under SQLite's bound-parameter cap
+        chunk = conversation_ids[i:i + 500]
+        marks = ", ".join("?" for _ in chunk)
+        out.update(conn.execute(
+            "SELECT conversation_id, user_id FROM conversation_user "
+            f"WHERE conversation_id IN ({marks})", chunk).fetchall())
+    return out
+
+
+def list_conversations_of(
+    conn: sqlite3.Connection, user: str, offset: int, limit: int
+) -> list[ConversationRecord]:
+    rows = conn.execute(
+        f"SELECT {CONVERSATION_COLUMNS} FROM conversation WHERE id IN ({_OWNED}) "
+        "ORDER BY updated_at DESC, id LIMIT ? OFFSET ?", (user, limit, offset)).fetchall()
+    return [conversation_of(r) for r in rows]
+
+
+def journal_of(conn: sqlite3.Connection, user: str, after_seq: int, up_to_seq: int | None,
+               limit: int) -> list[MessageRecord]:
+    sql = f"SELECT {MESSAGE_COLUMNS} FROM message WHERE seq > ? AND conversation_id IN ({_OWNED})"
+    args: list[Any] = [after_seq, user]
+    if up_to_seq is not None:
+        sql += " AND seq <= ?"
+        args.append(up_to_seq)
+    sql += " ORDER BY seq LIMIT ?"
+    args.append(limit)
+    return [message_of(r) for r in conn.execute(sql, args).fetchall()]
+
+
+def journal_count_of(conn: sqlite3.Connection, user: str, after_seq: int) -> int:
+    row = conn.execute(f"SELECT COUNT(*) FROM message WHERE seq > ? AND conversation_id IN "
+                       f"({_OWNED})", (after_seq, user)).fetchone()
+    return int(row[0])
+
+
+def user_standing(conn: sqlite3.Connection, user: str, day: str) -> tuple[int, int, int]:
+    """(conversations kept, turns accepted and not ended, tokens used on ``day``), one read."""
+    row = conn.execute(
+        f"SELECT (SELECT COUNT(*) FROM conversation WHERE id IN ({_OWNED})), "
+        f"(SELECT COUNT(*) FROM turn WHERE conversation_id IN ({_OWNED})), "
+        "(SELECT COALESCE(SUM(tokens), 0) FROM user_usage WHERE user_id=? AND day=?)",
+        (user, user, user, day)).fetchone()
+    return int(row[0]), int(row[1]), int(row[2])

@@ -25,6 +25,10 @@ Tables:
   ``seq`` is the offset of the turn's user message (start-up recovery closes turns in order).
 - ``conversation.agent``, ``conversation.instructions`` (v6): the agent a conversation belongs to
   and the instructions given at its creation in place of its agent's (NULL: its agent's).
+- ``conversation_user`` (v7, docs/USERS.md): the user who created each conversation, written with
+  it and kept after its deletion (a replay still knows whose its events were).
+- ``user_usage`` (v7): model tokens (prompt + completion as reported) per user and UTC day, added
+  by the write that stores a turn's answer.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import sqlite3
 
 from agentik.storage.migrations import apply_migrations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -145,8 +149,22 @@ ALTER TABLE conversation ADD COLUMN agent TEXT NOT NULL DEFAULT 'default';
 ALTER TABLE conversation ADD COLUMN instructions TEXT;
 """
 
+_V7 = """
+CREATE TABLE conversation_user (
+    conversation_id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX conversation_user_by_user ON conversation_user (user_id, conversation_id);
+CREATE TABLE user_usage (
+    user_id TEXT NOT NULL,
+    day TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    PRIMARY KEY (user_id, day)
+) WITHOUT ROWID;
+"""
+
 #: version -> script that brings a database from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7}
 
 
 def migrate(conn: sqlite3.Connection) -> None:
