@@ -260,3 +260,45 @@ async def test_openai_route_continues_only_the_users_own_conversations(served: S
             assert [c["id"] for c in (await bob.get("/agentik/conversations")).json()[
                 "conversations"]] == [own]
             assert len((await alice.get(f"/agentik/conversations/{cid}/messages")).json()) == 2
+
+
+async def test_openai_responses_and_conversations_are_the_users_own(served: Server) -> None:
+    from agentik.openai_api.responses import parse_response_id, response_id
+
+    async with http(served, "alice") as alice, http(served, "bob") as bob:
+        with trio.fail_after(30):
+            made = await alice.post("/v1/responses", json={
+                "model": "default", "input": "hi", "store": True})
+            assert made.status_code == 200, made.text
+            rid = made.json()["id"]
+            conv = (await alice.post("/v1/conversations", json={})).json()["id"]
+            unknown_rid, unknown = response_id(new_id(), new_id()), new_id()
+            for method, path, body in (
+                    ("GET", "/v1/responses/{}", None), ("POST", "/v1/responses/{}/cancel", None),
+                    ("DELETE", "/v1/responses/{}", None),
+                    ("GET", "/v1/responses/{}/input_items", None)):
+                theirs = await bob.request(method, path.format(rid), json=body)
+                other = await bob.request(method, path.format(unknown_rid), json=body)
+                assert theirs.status_code == 404, theirs.text
+                same_answer(theirs, other, rid, unknown_rid)
+            follow = {"model": "default", "input": "again"}
+            theirs = await bob.post("/v1/responses", json={**follow, "previous_response_id": rid})
+            other = await bob.post("/v1/responses",
+                                   json={**follow, "previous_response_id": unknown_rid})
+            same_answer(theirs, other, parse_response_id(rid)[0],
+                        parse_response_id(unknown_rid)[0])
+            assert theirs.status_code == 404
+            for method, path, body in (
+                    ("GET", "/v1/conversations/{}", None),
+                    ("POST", "/v1/conversations/{}", {"metadata": {"title": "x"}}),
+                    ("GET", "/v1/conversations/{}/items", None),
+                    ("DELETE", "/v1/conversations/{}", None)):
+                theirs = await bob.request(method, path.format(conv), json=body)
+                other = await bob.request(method, path.format(unknown), json=body)
+                assert theirs.status_code == 404, theirs.text
+                same_answer(theirs, other, conv, unknown)
+            theirs = await bob.post("/v1/responses", json={**follow, "conversation": conv})
+            other = await bob.post("/v1/responses", json={**follow, "conversation": unknown})
+            same_answer(theirs, other, conv, unknown)
+            assert (await alice.get(f"/v1/responses/{rid}")).status_code == 200
+            assert (await alice.get(f"/v1/conversations/{conv}")).status_code == 200

@@ -20,7 +20,7 @@ from agentik.openai_api.responses_types import (
     encode,
 )
 from agentik.openai_api.web import JSON, openai_errors
-from agentik.web._state import state
+from agentik.web._state import principal, scope, state
 from agentik.web.http import read_body
 from agentik.wire import AssistantMessage, ConversationRecord, MessageRecord, Text, UserMessage
 
@@ -51,7 +51,7 @@ async def _body() -> bytes:
 
 
 async def _record(cid: str) -> ConversationRecord:
-    conv = await state().require_agent().get_conversation(cid)
+    conv = await state().require_agent().get_conversation(cid, user=scope())
     if conv is None:
         raise NotFoundError(f"conversation {cid!r} not found")
     return conv.record
@@ -68,7 +68,9 @@ async def create() -> Response:
         raise UnsupportedParameterError("items", "a conversation starts empty: send its first "
                                                  "message with POST /v1/responses")
     title = _title(None if body is None else body.metadata)
-    conv = await state().require_agent().create_conversation(title=title)
+    agent, who = state().require_agent(), principal()
+    await agent.users.before_create(who.user, who.limits)
+    conv = await agent.create_conversation(title=title, owner=who.user)
     return _json(_object(conv.record))
 
 
@@ -84,13 +86,14 @@ async def update(cid: str) -> Response:
         body = decode_conversation_update(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise InvalidInputError(f"invalid request: {exc}") from None
-    record = await state().require_agent().rename_conversation(cid, _title(body.metadata))
+    record = await state().require_agent().rename_conversation(cid, _title(body.metadata),
+                                                               user=scope())
     return _json(_object(record))
 
 
 @bp.delete("/v1/conversations/<cid>")
 async def delete(cid: str) -> Response:
-    if not await state().require_agent().delete_conversation(cid):
+    if not await state().require_agent().delete_conversation(cid, user=scope()):
         raise NotFoundError(f"conversation {cid!r} not found")
     return _json(Deleted(id=cid, object="conversation.deleted"))
 
@@ -120,7 +123,7 @@ async def items(cid: str) -> Response:
     order = request.args.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidInputError("order must be asc or desc")
-    snapshot = await state().require_agent().chat_snapshot(cid)
+    snapshot = await state().require_agent().chat_snapshot(cid, user=scope())
     all_items = [i for i in map(item_of, snapshot.messages) if i is not None]
     if order == "desc":
         all_items.reverse()

@@ -35,7 +35,7 @@ from agentik.openai_api.service import LiveResponse, OpenAiMount
 from agentik.openai_api.types import ContentPart, ImageUrl
 from agentik.openai_api.web import JSON, check_model, mount_state, openai_errors
 from agentik.sse import SSE_TYPE, PumpBody, frame
-from agentik.web._state import state
+from agentik.web._state import principal, scope, state
 from agentik.web.http import read_body
 from agentik.wire import Content, MessageContext
 
@@ -104,16 +104,18 @@ def input_of(req: ResponsesRequest) -> tuple[list[Entry], list[Content]]:
 
 
 async def _conversation_of(req: ResponsesRequest) -> tuple[str, bool]:
-    """The conversation the response goes to, and whether it is a new one."""
-    agent = state().require_agent()
+    """The conversation the response goes to (the caller's: another user's is unknown), and
+    whether it is a new one. A response is a send of the caller (docs/USERS.md)."""
+    agent, who, user = state().require_agent(), principal(), scope()
+    await agent.users.before_send(who.user, who.limits)
     cid = None
     if req.conversation is not None:
         cid = req.conversation if isinstance(req.conversation, str) else req.conversation.id
     elif req.previous_response_id is not None:
         cid, _ = r.parse_response_id(req.previous_response_id)
-        r.find(req.previous_response_id, (await agent.chat_snapshot(cid)).messages)
+        r.find(req.previous_response_id, (await agent.chat_snapshot(cid, user=user)).messages)
     if cid is not None:
-        conv = await agent.get_conversation(cid)
+        conv = await agent.get_conversation(cid, user=user)
         if conv is None:
             raise NotFoundError(f"conversation {cid!r} not found")
         owner = agent.agent_of(conv.record.agent)
@@ -121,8 +123,9 @@ async def _conversation_of(req: ResponsesRequest) -> tuple[str, bool]:
             raise ConflictError(f"conversation {cid!r} belongs to the model (agent) {owner!r}, "
                                 f"not {req.model!r}")
         return cid, False
+    await agent.users.before_create(who.user, who.limits)
     conv = await agent.create_conversation(temp=not req.store, title="OpenAI response",
-                                           agent=req.model)
+                                           agent=req.model, owner=who.user)
     return conv.id, True
 
 
@@ -156,7 +159,7 @@ async def create_response() -> Response:
 async def _found(rid: str) -> r.Found:
     cid, _ = r.parse_response_id(rid)
     agent = state().require_agent()
-    if await agent.get_conversation(cid) is None:
+    if await agent.get_conversation(cid, user=scope()) is None:  # another user's: unknown
         raise NotFoundError(f"response {rid[:200]!r} not found")
     return r.find(rid, (await agent.chat_snapshot(cid)).messages)
 
