@@ -164,7 +164,7 @@ class LocalAgent:
     @property
     def task_records(self) -> TaskRecords:
         """Durable task records under the shared counter (the A2A facade's tasks, docs/A2A.md)."""
-        return TaskRecords(self._deps.storage)
+        return TaskRecords(self._deps.storage, self.users)
 
     @property
     def supports_image_input(self) -> bool:

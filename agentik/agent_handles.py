@@ -161,8 +161,9 @@ class TaskRecords:
     ``expect_seq`` makes a change conditional on the seq last read (None: the record must not
     exist); a stale one raises ConflictError and stores nothing."""
 
-    def __init__(self, storage: Storage) -> None:
+    def __init__(self, storage: Storage, users: UserScope | None = None) -> None:
         self._storage = storage
+        self._users = users
 
     async def put(
         self, *, task_id: str, context_id: str, conversation_id: str | None, state: str,
@@ -176,8 +177,15 @@ class TaskRecords:
         ))
         return seq
 
-    async def get(self, task_id: str) -> A2ATaskRow | None:
-        return await self._storage.reader.get_a2a_task(task_id)
+    async def get(self, task_id: str, user: str | None = None) -> A2ATaskRow | None:
+        """The record; None also when it is not ``user``'s (a record of one of their
+        conversations), answered as for an unknown one."""
+        row = await self._storage.reader.get_a2a_task(task_id)
+        if row is None or user is None:
+            return row
+        cid = row.conversation_id
+        owned = cid is not None and self._users is not None and await self._users.owns(cid, user)
+        return row if owned else None
 
     async def changes_after(self, after_seq: int, conversation_id: str | None, task_id: str
                             ) -> list[tuple[int, TaskUpdated]]:

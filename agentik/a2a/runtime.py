@@ -379,7 +379,7 @@ async def run_a2a(
     if failed:
         log.info("start-up: %d A2A tasks left running by a dead process marked FAILED", failed)
     async with trio.open_nursery() as nursery:
-        mount.service = A2AService(store, AgentikExecutor(agent), nursery, owns=agent.users.owns)
+        mount.service = A2AService(store, AgentikExecutor(agent), nursery)
         task_status.started()
         try:
             await trio.sleep_forever()

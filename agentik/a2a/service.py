@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import msgspec
 import trio
@@ -109,13 +109,10 @@ def _check_history_length(value: int | None) -> int | None:
 class A2AService:
     """A2A's methods. ``nursery`` runs the executions (it must outlive requests)."""
 
-    def __init__(self, store: TaskStore, executor: Executor, nursery: trio.Nursery,
-                 owns: Callable[[str, str], Awaitable[bool]] | None = None) -> None:
+    def __init__(self, store: TaskStore, executor: Executor, nursery: trio.Nursery) -> None:
         self.store = store
         self.executor = executor
         self._nursery = nursery
-        #: whether a conversation is a user's (docs/USERS.md); None: no users
-        self._owns = owns
         self._runs: dict[str, Run] = {}
         self._contexts: dict[tuple[str | None, str], str | None] = {}
         self._bind_lock = trio.Lock()
@@ -138,14 +135,6 @@ class A2AService:
             why = check_part(part)
             if why is not None:
                 raise e.invalid_params(f"message.parts[{i}]: {why}")
-
-    async def _visible(self, stored: StoredTask | None) -> StoredTask | None:
-        """``stored`` if the caller may see it (a user: only their conversations' tasks)."""
-        user = CALLER.get().user
-        if stored is None or user is None or self._owns is None:
-            return stored
-        cid = stored.conversation_id
-        return stored if cid is not None and await self._owns(cid, user) else None
 
     async def _conversation_for(self, context_id: str, agent: str | None) -> str | None:
         caller = CALLER.get()
@@ -204,7 +193,7 @@ class A2AService:
     async def _follow_up(self, message: Message) -> Run:
         task_id = message.task_id
         assert task_id is not None
-        stored = await self._visible(await self.store.get(task_id))
+        stored = await self.store.get(task_id, CALLER.get().user)
         if stored is None:
             raise e.task_not_found(task_id)
         task = stored.task
@@ -312,7 +301,7 @@ class A2AService:
     async def subscribe(self, task_id: str) -> AsyncIterator[bytes]:
         """SubscribeToTask: the task now, then its changes until it reaches a terminal state."""
         _check_id("id", task_id)
-        stored = await self._visible(await self.store.get(task_id))
+        stored = await self.store.get(task_id, CALLER.get().user)
         if stored is None:
             raise e.task_not_found(task_id)
         if stored.task.status.state in TERMINAL:
@@ -341,7 +330,7 @@ class A2AService:
     async def get_task(self, task_id: str, history_length: int | None) -> Task:
         _check_id("id", task_id)
         _check_history_length(history_length)
-        stored = await self._visible(await self.store.get(task_id))
+        stored = await self.store.get(task_id, CALLER.get().user)
         if stored is None:
             raise e.task_not_found(task_id)
         return trim_task(stored.task, history_length)
@@ -371,7 +360,7 @@ class A2AService:
 
     async def cancel(self, task_id: str) -> Task:
         _check_id("id", task_id)
-        stored = await self._visible(await self.store.get(task_id))
+        stored = await self.store.get(task_id, CALLER.get().user)
         if stored is None:
             raise e.task_not_found(task_id)
         if stored.task.status.state in TERMINAL:

@@ -113,9 +113,10 @@ class TaskStore:
 
     # --- reads -----------------------------------------------------------------------------------
 
-    async def get(self, task_id: str) -> StoredTask | None:
-        """The task now: its row, and the artifact chunks stored after it folded in."""
-        row = await self.records.get(task_id)
+    async def get(self, task_id: str, user: str | None = None) -> StoredTask | None:
+        """The task now: its row, and the artifact chunks stored after it folded in; None also
+        for a task of another ``user``'s conversation (docs/USERS.md)."""
+        row = await self.records.get(task_id, user)
         return None if row is None else await self._stored(row)
 
     async def _stored(self, row: A2ATaskRow) -> StoredTask:
