@@ -75,6 +75,7 @@ async def test_every_http_route_answers_another_users_conversation_as_unknown(
                 ("POST", "/agentik/conversations/{}/messages",
                  {"json": {"content": [{"type": "text", "body": "x"}]}}),
                 ("POST", "/agentik/conversations/{}/interrupt", {}),
+                ("POST", "/agentik/conversations/{}/interrupt", {"json": {"turn_id": "t1"}}),
                 ("GET", "/agentik/conversations/{}/messages", {}),
                 ("GET", "/agentik/conversations/{}/snapshot", {}),
                 ("GET", "/agentik/conversations/{}/events", {}),

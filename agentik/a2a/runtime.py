@@ -149,9 +149,8 @@ class AgentikExecutor:
     async def conversation(
         self, context_id: str, previous: str | None, agent: str | None = None
     ) -> str | None:
-        """The context's conversation (another user's is not the caller's: a new one is made);
-        a new one belongs to ``agent``. A context belongs to the agent it was started with: its
-        messages to another agent's endpoint are refused."""
+        """The context's conversation (a new one, of ``agent``, when it is another user's); a
+        context's messages to another agent's endpoint than its own are refused."""
         wanted = self.agent.get_agent(agent).id
         caller = CALLER.get()
         if previous is not None:
