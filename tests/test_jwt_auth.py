@@ -145,3 +145,44 @@ def _b64(obj: dict[str, str]) -> str:
     import base64
 
     return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+
+
+async def test_a_jwks_url_is_fetched_and_fetched_again_for_a_new_kid(keys: Keys) -> None:
+    """A real HTTP server on 127.0.0.1 serves the JWKS; the issuer rotates in a key."""
+    from functools import partial
+
+    import hypercorn.config
+    import hypercorn.trio
+    from quart import Response
+    from quart_trio import QuartTrio
+
+    app = QuartTrio("jwks")
+    served = {"doc": keys.jwks(), "status": 200}
+    fetched: list[int] = []
+
+    @app.get("/jwks.json")
+    async def jwks() -> Response:
+        fetched.append(1)
+        return Response(json.dumps(served["doc"]), status=served["status"],
+                        content_type="application/json")
+
+    config = hypercorn.config.Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    stop = trio.Event()
+    clock = [1000.0]
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn.trio.serve, app, config,
+                                                shutdown_trigger=stop.wait))
+            url = binds[0].rstrip("/") + "/jwks.json"
+            v = JwtVerifier(url, issuer=ISSUER, audience=AUDIENCE, clock=lambda: clock[0])
+            assert (await v.principal(keys.token("alice"), None)).user == "alice"
+            served["doc"] = keys.jwks(with_stranger=True)
+            clock[0] += MIN_REFRESH
+            assert (await v.principal(keys.token("new", key=keys.stranger), None)).user == "new"
+            assert len(fetched) == 2
+            served["status"] = 500
+            with pytest.raises(ConfigError, match="cannot fetch the JWKS"):
+                await fetch_key_set(url)
+            stop.set()
