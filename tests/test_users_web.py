@@ -303,3 +303,15 @@ async def test_openai_responses_and_conversations_are_the_users_own(served: Serv
             same_answer(theirs, other, conv, unknown)
             assert (await alice.get(f"/v1/responses/{rid}")).status_code == 200
             assert (await alice.get(f"/v1/conversations/{conv}")).status_code == 200
+
+
+async def test_idempotency_keys_of_users_never_meet(served: Server) -> None:
+    async with http(served, "alice") as alice, http(served, "bob") as bob:
+        with trio.fail_after(30):
+            key = {"Idempotency-Key": "same-key"}
+            hers = await alice.post("/agentik/conversations", json={"title": "t"}, headers=key)
+            his = await bob.post("/agentik/conversations", json={"title": "t"}, headers=key)
+            assert hers.status_code == his.status_code == 201
+            assert hers.json()["id"] != his.json()["id"]
+            again = await alice.post("/agentik/conversations", json={"title": "t"}, headers=key)
+            assert again.json()["id"] == hers.json()["id"]  # still a replay for her
