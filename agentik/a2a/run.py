@@ -9,6 +9,7 @@ word; a reply without a task is kept on the run, stored nowhere.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -59,6 +60,19 @@ class Run:
     cancel_requested: bool = False
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     updater: Updater | None = None
+
+    @classmethod
+    def resumed(cls, stored: StoredTask, store: TaskStore) -> Run:
+        """The run of a task a dead process left unfinished (start-up: it follows the task's
+        turn), so a cancel, its outcome and its streams are as for a task a message started."""
+        task = stored.task
+        request = RequestContext(message=task.history[0], task_id=task.id,
+                                 context_id=task.context_id, task=task,
+                                 conversation_id=stored.conversation_id)
+        run = cls(request=request, is_new=False, snapshot=stored)
+        run.ready.set()
+        run.updater = Updater(store, run)
+        return run
 
 
 class Updater:
@@ -166,3 +180,7 @@ class Updater:
 
         await self._store.change(self._request.task_id, change)
         return chunk.artifact_id
+
+
+#: what runs as a task's execution: ``Executor.execute``, or what ``A2AService.resume`` is given
+Execute = Callable[[RequestContext, Updater], Awaitable[None]]

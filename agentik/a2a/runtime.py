@@ -20,6 +20,8 @@
   message still waits in the mailbox has its turn withdrawn (``LocalAgent.cancel_turn``: it
   ends Interrupted at once and is never run; in a cluster the conversation's owner does it)
   and the facade marks it CANCELED.
+- ``resume`` follows the turn of a task a dead process left unfinished, which a restart runs
+  (its message was queued), as ``execute`` follows the turn it sent (:mod:`agentik.a2a.serve`).
 """
 
 from __future__ import annotations
@@ -27,23 +29,16 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import logging
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
 from agentik.a2a import errors as e
-from agentik.a2a.cards import card_info_for
 from agentik.a2a.executor import CALLER, RequestContext, TaskUpdater
-from agentik.a2a.service import A2AService
-from agentik.a2a.store import TaskStore
 from agentik.a2a.types import Message, Part
-from agentik.a2a.web import A2AMount, CardInfo, mount
 from agentik.content import check_image
 from agentik.errors import (
-    AgentikError,
     BusyError,
     InvalidInputError,
     MailboxFullError,
@@ -68,12 +63,8 @@ from agentik.wire import (
 )
 
 if TYPE_CHECKING:
-    from quart import Quart
-
     from agentik.agent import LocalAgent
-    from agentik.web._state import WebState
 
-log = logging.getLogger("agentik.a2a")
 
 #: online text chunks the executor may hold while a chunk is being stored (more are dropped from
 #: the stream; the answer's last chunk then carries them)
@@ -222,6 +213,30 @@ class AgentikExecutor:
         finally:
             self._turns.pop(request.task_id, None)
 
+    async def resume(
+        self, request: RequestContext, updater: TaskUpdater, turn_id: str, after: Cursor
+    ) -> None:
+        """Follow the turn ``turn_id`` of a task a dead process left unfinished (its message was
+        queued: a restart runs it) from ``after`` (before its message) to its end, as ``execute``
+        does after its send; a cancel withdraws or interrupts it."""
+        cid = request.conversation_id
+        if cid is None:
+            raise e.error(e.INTERNAL_ERROR, "the context has no conversation")
+        turn = _Turn()
+        turn.turn_id = turn_id
+        turn.known.set()
+        self._turns[request.task_id] = turn
+        online = _Online()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._online_side, cid, turn, updater, online)
+                try:
+                    await self._watch_durable(cid, after, turn, updater, online)
+                finally:
+                    online.scope.cancel()
+        finally:
+            self._turns.pop(request.task_id, None)
+
     async def _online_side(
         self, cid: str, turn: _Turn, updater: TaskUpdater, online: _Online,
         *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -363,38 +378,3 @@ class AgentikExecutor:
                     [Part(text=f"the conversation was closed ({event.reason})")]))
                 return
 
-
-async def run_a2a(
-    mount: A2AMount, agent: LocalAgent, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """Serve A2A on ``agent`` until cancelled: fail the tasks a dead process left running, then
-    hold the nursery the executions run in."""
-    store = TaskStore(agent.task_records)
-    try:
-        failed = await store.recover()
-    except AgentikError as exc:
-        log.error("A2A: failing the tasks left running failed: %s", exc)
-        failed = 0
-    if failed:
-        log.info("start-up: %d A2A tasks left running by a dead process marked FAILED", failed)
-    async with trio.open_nursery() as nursery:
-        mount.service = A2AService(store, AgentikExecutor(agent), nursery)
-        task_status.started()
-        try:
-            await trio.sleep_forever()
-        finally:
-            mount.service = None
-
-
-def mount_agentik(app: Quart, st: WebState, *, heartbeat: float = 15.0) -> A2AMount:
-    """Mount the A2A routes on agentik's app, served on the runtime's agent while it runs."""
-
-    def card_info() -> CardInfo:
-        return card_info_for(st.require_agent())
-
-    def agent_card_info(agent_id: str) -> CardInfo:
-        return card_info_for(st.require_agent(), agent_id)
-
-    a2a = mount(app, card_info, heartbeat=heartbeat, agent_card_info=agent_card_info)
-    st.services.append(partial(run_a2a, a2a))
-    return a2a

@@ -28,7 +28,7 @@ import trio
 
 from agentik.a2a import errors as e
 from agentik.a2a.executor import CALLER, Executor, RequestContext
-from agentik.a2a.run import Run, Updater
+from agentik.a2a.run import Execute, Run, Updater
 from agentik.a2a.store import StoredTask, TaskStore, status_change
 from agentik.a2a.types import (
     CANCELED,
@@ -229,13 +229,19 @@ class A2AService:
         run.ready.set()
         return run
 
-    async def _execute(self, run: Run) -> None:
+    def resume(self, stored: StoredTask, execute: Execute) -> None:
+        """Run ``execute`` as the execution of a task a dead process left unfinished."""
+        run = Run.resumed(stored, self.store)
+        self._runs[stored.task.id] = run
+        self._nursery.start_soon(self._execute, run, execute)
+
+    async def _execute(self, run: Run, execute: Execute | None = None) -> None:
         updater = run.updater
         assert updater is not None
         try:
             try:
                 with run.cancel_scope:
-                    await self.executor.execute(run.request, updater)
+                    await (execute or self.executor.execute)(run.request, updater)
             except Exception as exc:
                 run.error = _answer_of(exc)
                 if run.error is None:

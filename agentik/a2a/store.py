@@ -219,11 +219,16 @@ class TaskStore:
         finally:
             self._unlock(task_id)
 
+    async def fail(self, task_id: str, reason: str = "interrupted by restart") -> None:
+        """The task ends FAILED with ``reason`` (unless it has ended)."""
+        await self.change(task_id, lambda task: fail_change(task, reason))
+
     async def recover(self, reason: str = "interrupted by restart") -> int:
-        """Start-up: a task left SUBMITTED or WORKING by a dead process ends FAILED."""
+        """Start-up of a facade without turns to follow: every task left SUBMITTED or WORKING
+        by a dead process ends FAILED (agentik's own start-up: :mod:`agentik.a2a.serve`)."""
         rows = await self.records.in_states(RUNNING)
         for row in rows:
-            await self.change(row.id, lambda task: fail_change(task, reason))
+            await self.fail(row.id, reason)
         return len(rows)
 
 

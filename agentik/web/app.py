@@ -20,7 +20,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from agentik.a2a import runtime as a2a_web
+from agentik.a2a import serve as a2a_web
 from agentik.config import Config
 from agentik.errors import AgentikError, RuntimeClosedError
 from agentik.openai_api import mount as openai_mount
