@@ -40,6 +40,10 @@ async def test_tokens_of_each_algorithm_are_accepted(keys: Keys, tmp_path: Path)
         p = await nested.principal(keys.token("boss", realm={"roles": ["x", "admin"]}), None)
         assert p.role == "admin"
         assert (await v.principal(keys.token("eve", role="superuser"), None)).role == "user"
+        # an audience list holding ours is ours; one without it is not
+        assert (await v.principal(keys.token("al", aud=["x", AUDIENCE]), None)).user == "al"
+        with pytest.raises(UnauthorizedError):
+            await v.principal(keys.token("al", aud=["x"]), None)
 
 
 @pytest.mark.parametrize("case", [

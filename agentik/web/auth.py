@@ -41,24 +41,6 @@ def is_valid(token: str, tokens: Sequence[str]) -> bool:
     return ok
 
 
-def check(
-    tokens: Sequence[str],
-    authorization: str | None,
-    access_token: str | None,
-    *,
-    allow_query: bool,
-) -> None:
-    """Raise UnauthorizedError unless auth is off or the request carries a valid token."""
-    if not tokens:
-        return
-    token = token_from(authorization, access_token, allow_query=allow_query)
-    if token is None:
-        where = "an Authorization: Bearer header" + (" or ?access_token=" if allow_query else "")
-        raise UnauthorizedError(f"authentication required: send {where}")
-    if not is_valid(token, tokens):
-        raise UnauthorizedError("invalid token")
-
-
 @dataclass(frozen=True)
 class Authenticator:
     """Who a token is: built once at start-up from the settings (:meth:`start`)."""
