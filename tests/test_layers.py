@@ -52,7 +52,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.sse: the SSE frame and bodies both front doors use (below web/ and a2a/);
     # agentik.parking: how its bodies wait between a live stream's tokens
     # agentik.openai_api: the OpenAI-compatible routes, a sibling of the A2A facade
-    "front": ("agentik.web", "agentik.a2a", "agentik.openai_api", "agentik.sse", "agentik.parking"),
+    # agentik.turns: a turn's durable events as steps, read alike by a2a/ and openai_api/
+    "front": ("agentik.web", "agentik.a2a", "agentik.openai_api", "agentik.sse", "agentik.parking",
+              "agentik.turns"),
     "client": ("agentik.client",),
     "cli": ("agentik.cli", "agentik.__main__", "agentik.check"),
 }

@@ -44,21 +44,24 @@ from agentik.errors import (
     MailboxFullError,
     NotFoundError,
 )
+from agentik.turns import (
+    AnswerStep,
+    ClosedStep,
+    ErrorStep,
+    InterruptedStep,
+    PartialStep,
+    ToolStep,
+    turn_step,
+)
 from agentik.wire import (
     AppendText,
-    AssistantMessageEvent,
     Content,
-    ConversationClosing,
     Cursor,
     End,
-    ErrorEvent,
     Image,
-    Interrupted,
     MessageContext,
     MessageOrigin,
     Text,
-    ToolCall,
-    ToolCallEvent,
     Working,
 )
 
@@ -91,10 +94,6 @@ def to_content(parts: Sequence[Part]) -> list[Content]:
         else:
             content.append(Text(body=json.dumps(part.data, ensure_ascii=False)))
     return content
-
-
-def _text_of(content: Sequence[Content]) -> str:
-    return "".join(c.body for c in content if isinstance(c, Text))
 
 
 class _Turn:
@@ -333,48 +332,37 @@ class AgentikExecutor:
         partial: str | None = None
         events = self.agent.outbox.conversation_events(cursor, cid)
         async for ce in events:
-            event = ce.event
-            if isinstance(event, ToolCallEvent) and isinstance(event.record.message, ToolCall):
-                call = event.record.message
-                if call.turn_id == turn.turn_id:
+            match turn_step(ce.event, turn.turn_id):
+                case ToolStep(call=call):
                     turn.running = True
                     message = updater.agent_message([Part(text=f"Calling tool {call.name}")])
                     message.metadata = {"agentik": {"toolCall": {
                         "callId": call.call_id, "name": call.name, "arguments": call.arguments}}}
                     await updater.working(message)
-            elif isinstance(event, AssistantMessageEvent):
-                answer = event.record.message
-                if getattr(answer, "turn_id", None) != turn.turn_id:
-                    continue
-                text = _text_of(getattr(answer, "content", []))
-                if getattr(answer, "interrupted", False):
+                case PartialStep(text=text):
                     partial = text  # Interrupted or Error follows in the same commit
-                    continue
-                await online.stop()
-                await self._final_text(turn, updater, text)
-                await updater.complete(updater.agent_message([Part(text=text)]))
-                return
-            elif isinstance(event, Interrupted) and event.turn_id == turn.turn_id:
-                await online.stop()
-                if partial:
-                    await self._final_text(turn, updater, partial)
-                await updater.canceled(
-                    updater.agent_message([Part(text=partial)]) if partial else None
-                )
-                return
-            elif isinstance(event, ErrorEvent):
-                error = event.record.message
-                if getattr(error, "turn_id", None) != turn.turn_id:
-                    continue
-                await online.stop()
-                if partial:
-                    await self._final_text(turn, updater, partial)
-                await updater.fail(updater.agent_message(
-                    [Part(text=getattr(error, "message", "the turn failed"))]))
-                return
-            elif isinstance(event, ConversationClosing):
-                await online.stop()
-                await updater.fail(updater.agent_message(
-                    [Part(text=f"the conversation was closed ({event.reason})")]))
-                return
+                case AnswerStep(text=text):
+                    await online.stop()
+                    await self._final_text(turn, updater, text)
+                    await updater.complete(updater.agent_message([Part(text=text)]))
+                    return
+                case InterruptedStep():
+                    await online.stop()
+                    if partial:
+                        await self._final_text(turn, updater, partial)
+                    await updater.canceled(
+                        updater.agent_message([Part(text=partial)]) if partial else None
+                    )
+                    return
+                case ErrorStep(error=error):
+                    await online.stop()
+                    if partial:
+                        await self._final_text(turn, updater, partial)
+                    await updater.fail(updater.agent_message([Part(text=error.message)]))
+                    return
+                case ClosedStep(reason=reason):
+                    await online.stop()
+                    await updater.fail(updater.agent_message(
+                        [Part(text=f"the conversation was closed ({reason})")]))
+                    return
 

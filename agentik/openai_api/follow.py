@@ -24,21 +24,21 @@ from typing import TYPE_CHECKING
 import trio
 
 from agentik.errors import AgentikError
+from agentik.turns import (
+    AnswerStep,
+    ClosedStep,
+    ErrorStep,
+    InterruptedStep,
+    PartialStep,
+    ToolStep,
+    turn_step,
+)
 from agentik.wire import (
     AppendText,
-    AssistantMessage,
-    AssistantMessageEvent,
     Content,
-    ConversationClosing,
     Cursor,
     End,
-    Error,
-    ErrorEvent,
-    Interrupted,
     MessageContext,
-    Text,
-    ToolCall,
-    ToolCallEvent,
     TurnTokens,
     Working,
 )
@@ -81,10 +81,6 @@ class Cancelled:
 
 
 TurnEvent = TextDelta | ToolUse | Finished | Failed | Cancelled
-
-
-def text_of(content: list[Content]) -> str:
-    return "".join(c.body for c in content if isinstance(c, Text))
 
 
 class _Online:
@@ -168,35 +164,26 @@ async def _durable(
     turn_id = online.turn_id
     partial = ""
     async for ce in agent.outbox.conversation_events(cursor, cid):
-        event = ce.event
-        if isinstance(event, ToolCallEvent):
-            call = event.record.message
-            if isinstance(call, ToolCall) and call.turn_id == turn_id:
+        match turn_step(ce.event, turn_id):
+            case ToolStep(call=call):
                 await out.send(ToolUse(call.call_id, call.name, call.arguments))
-        elif isinstance(event, AssistantMessageEvent):
-            answer = event.record.message
-            if not isinstance(answer, AssistantMessage) or answer.turn_id != turn_id:
-                continue
-            text = text_of(answer.content)
-            if answer.interrupted:
+            case PartialStep(text=text):
                 partial = text  # its Interrupted or Error follows in the same commit
-                continue
-            sent = await online.stop()
-            rest = text[len(sent):] if text.startswith(sent) else ""
-            await out.send(Finished(text, rest, answer.finish_reason, answer.tokens))
-            return
-        elif isinstance(event, Interrupted) and event.turn_id == turn_id:
-            await online.stop()
-            await out.send(Cancelled(partial))
-            return
-        elif isinstance(event, ErrorEvent):
-            error = event.record.message
-            if isinstance(error, Error) and error.turn_id == turn_id:
+            case AnswerStep(answer=answer, text=text):
+                sent = await online.stop()
+                rest = text[len(sent):] if text.startswith(sent) else ""
+                await out.send(Finished(text, rest, answer.finish_reason, answer.tokens))
+                return
+            case InterruptedStep():
+                await online.stop()
+                await out.send(Cancelled(partial))
+                return
+            case ErrorStep(error=error):
                 await online.stop()
                 await out.send(Failed(error.message, error.code, partial))
                 return
-        elif isinstance(event, ConversationClosing):
-            await online.stop()
-            await out.send(Failed(f"the conversation was closed ({event.reason})", "closed",
-                                  partial))
-            return
+            case ClosedStep(reason=reason):
+                await online.stop()
+                await out.send(Failed(f"the conversation was closed ({reason})", "closed",
+                                      partial))
+                return
