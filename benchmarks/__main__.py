@@ -27,6 +27,7 @@ from benchmarks import (
     pg,
     runtime,
     storage,
+    users,
     web,
 )
 
@@ -49,6 +50,7 @@ SCENARIOS: dict[str, Scenario] = {
     "pg_group_commit": pg.pg_group_commit,
     "pg_fanout": pg.pg_fanout,
     "web_markdown": markdown.web_markdown,
+    "users_replay": users.users_replay,
 }
 #: not in the default run: in-process, so its figure is noisy (see docs/BENCHMARKS.md)
 EXTRA: dict[str, Scenario] = {"memory_actors": runtime.memory_actors}
