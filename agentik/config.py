@@ -108,6 +108,11 @@ class Config:
     idempotency_ttl: float = 24 * 3600.0
     #: server log lines: text (default) or json (one object a line)
     log_format: str = "text"
+    #: the URL OpenTelemetry traces are posted to (OTLP/HTTP; docs/OBSERVABILITY.md): set, and
+    #: the [otel] extra installed, turns traces on; the SDK reads its other OTEL_* settings itself
+    trace_endpoint: str | None = None
+    #: message text, tool arguments and tool results recorded in spans (off: ids, sizes, counts)
+    trace_content: bool = False
     # --- scale-out on PostgreSQL (docs/SCALEOUT.md) ---
     #: libpq URL of a PostgreSQL database; when set it replaces the SQLite file (db_path)
     database_url: str | None = None
@@ -202,6 +207,9 @@ class Config:
         get("AGENTIK_BUSY_POLICY", "busy_policy", v.choice(*BUSY_POLICIES))
         get("AGENTIK_IDEMPOTENCY_TTL", "idempotency_ttl", v.seconds)
         get("AGENTIK_LOG_FORMAT", "log_format", v.choice("text", "json"))
+        get("OTEL_EXPORTER_OTLP_ENDPOINT", "trace_endpoint", _traces_url)
+        get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "trace_endpoint", v.url)  # the more specific
+        get("AGENTIK_TRACE_CONTENT", "trace_content", _flag)
         get("AGENTIK_DATABASE_URL", "database_url", v.postgres_url, secret=True)
         get("AGENTIK_NODE_ID", "node_id", v.line)
         get("AGENTIK_LEASE_TTL", "lease_ttl", v.seconds)
@@ -236,6 +244,15 @@ class Config:
         query = "&".join("password=***" if q.lower().startswith("password=") else q
                          for q in parts.query.split("&")) if parts.query else ""
         return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _traces_url(raw: str) -> str:
+    # OTLP/HTTP's rule: the base endpoint's traces are sent to its /v1/traces
+    return v.url(raw).rstrip("/") + "/v1/traces"
+
+
+def _flag(raw: str) -> bool:
+    return v.choice("0", "1")(raw) == "1"
 
 
 def _image_types(raw: str) -> tuple[str, ...]:

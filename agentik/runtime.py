@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from agentik import tracing
 from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.registry import Registry
 from agentik.agent import LocalAgent
@@ -47,6 +48,13 @@ def make_llm(config: Config) -> LiteLlm:
     raise ConfigError("AGENTIK_LLM_BACKEND", f"unknown backend {config.llm_backend!r}")
 
 
+async def _close_last(owned: list[LiteLlm]) -> None:
+    for backend in owned:
+        await backend.aclose()
+    if tracing.enabled():  # the last spans reach the collector before the process ends
+        await trio.to_thread.run_sync(tracing.flush)
+
+
 @asynccontextmanager
 async def open_runtime(
     config: Config | None = None,
@@ -62,6 +70,7 @@ async def open_runtime(
     ``tools``. Raises ConfigError (AgentsFileError: the agents file) or StorageError at start-up.
     """
     config = config or Config.from_env()
+    tracing.setup(endpoint=config.trace_endpoint, content=config.trace_content)
     profiles = await load_profiles(config)
     llms, owned = await open_backends(config, profiles) if llm is None else (
         dict.fromkeys(profiles.ids, llm), [])
@@ -105,8 +114,7 @@ async def open_runtime(
                 root.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            for backend in owned:
-                await backend.aclose()
+            await _close_last(owned)
 
 
 async def load_profiles(config: Config) -> Profiles:

@@ -45,6 +45,9 @@ EVERY_VARIABLE = {
     "AGENTIK_USERS": "/users.toml", "AGENTIK_JWT_JWKS": "https://issuer.example/jwks.json",
     "AGENTIK_JWT_ISSUER": "https://issuer.example", "AGENTIK_JWT_AUDIENCE": "agentik",
     "AGENTIK_JWT_ROLE_CLAIM": "realm_access.roles",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:4318/v1/traces",
+    "AGENTIK_TRACE_CONTENT": "1",
 }
 
 
@@ -88,6 +91,8 @@ def test_reads_every_variable() -> None:
     assert (cfg.database_url, cfg.node_id, cfg.lease_ttl, cfg.node_url) == (
         "postgresql://u@h/db", "n1", 2.5, "http://10.0.0.1:8080")
     assert cfg.gc_threshold == 1000
+    # the traces' own endpoint wins over the collector's base URL
+    assert (cfg.trace_endpoint, cfg.trace_content) == ("http://traces:4318/v1/traces", True)
     assert (cfg.users_file, cfg.jwt_jwks, cfg.jwt_issuer, cfg.jwt_audience, cfg.jwt_role_claim) == (
         "/users.toml", "https://issuer.example/jwks.json", "https://issuer.example", "agentik",
         "realm_access.roles")
@@ -124,3 +129,13 @@ def test_context_settings() -> None:
     for variable in ("AGENTIK_MAX_OUTPUT_TOKENS", "AGENTIK_SUMMARY_MAX_TOKENS"):
         with pytest.raises(ConfigError, match=variable):
             Config.from_env({variable: "-5"})
+
+
+def test_traces_go_to_the_collectors_v1_traces() -> None:
+    """OTLP/HTTP's rule: OTEL_EXPORTER_OTLP_ENDPOINT is a base URL, its traces path appended."""
+    for base in ("http://collector:4318", "http://collector:4318/"):
+        cfg = Config.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": base})
+        assert cfg.trace_endpoint == "http://collector:4318/v1/traces"
+    assert Config.from_env({}).trace_endpoint is None
+    with pytest.raises(ConfigError, match="AGENTIK_TRACE_CONTENT"):
+        Config.from_env({"AGENTIK_TRACE_CONTENT": "yes"})

@@ -25,8 +25,8 @@ from typing import assert_never
 import trio
 
 from agentik import context as ctx
-from agentik import metrics
-from agentik.actors import compaction, summary
+from agentik import metrics, tracing
+from agentik.actors import compaction, spans, summary
 from agentik.actors import turn as logic
 from agentik.actors.ending import TurnEndings, turn_fields
 from agentik.actors.handle import ConversationHandle
@@ -125,6 +125,11 @@ class ConversationActor(TurnEndings):
             await self._withdrawn(turn, state)
             return
         h.interrupt_requested = False
+        with spans.turn(self.agent.profile, h.conversation_id, turn) as span:
+            await self._run_turn(turn, state, span)
+
+    async def _run_turn(self, turn: Turn, state: logic.TurnState, span: tracing.Span) -> None:
+        h = self.h
         crashed = False
         failed: logic.Failed | None = None
         answer: logic.Answer | None = None
@@ -162,6 +167,7 @@ class ConversationActor(TurnEndings):
             crashed = True
             raise
         finally:
+            spans.ended(span, state, outcome, failed)
             metrics.TURNS.labels(outcome).inc()
             metrics.TURN_DURATION.observe(time.perf_counter() - started)
             self._awaiting_first_token = None
@@ -278,14 +284,15 @@ class ConversationActor(TurnEndings):
         # per delta (a model's token): the hub's publish and this conversation's id looked up once
         publish, cid = self.deps.storage.hub.publish_online, self.h.conversation_id
         apply_delta = logic.apply_delta
-        async with aclosing(stream):
-            async for delta in stream:
-                if self._awaiting_first_token is not None:
-                    metrics.TIME_TO_FIRST_TOKEN.observe(
-                        time.perf_counter() - self._awaiting_first_token)
-                    self._awaiting_first_token = None
-                for event in apply_delta(state, delta):
-                    publish(cid, event)
+        with spans.chat(self.agent.profile, state):
+            async with aclosing(stream):
+                async for delta in stream:
+                    if self._awaiting_first_token is not None:
+                        metrics.TIME_TO_FIRST_TOKEN.observe(
+                            time.perf_counter() - self._awaiting_first_token)
+                        self._awaiting_first_token = None
+                    for event in apply_delta(state, delta):
+                        publish(cid, event)
 
     # --- context (docs/CONTEXT.md; the decisions are agentik.context's) ----------------
 
@@ -345,12 +352,17 @@ class ConversationActor(TurnEndings):
         """Replace the plan's old turns by the model's summary, or drop them without one when it
         cannot be made or does not fit (see compaction.py, summary.py)."""
         cid = self.h.conversation_id
-        text = await summary.make_summary(self.agent.llm, cid, plan, budget)
-        await self.memory.write(compaction.compact_op(cid, plan, text))
+        with spans.compaction(cid, len(plan.dropped)):
+            text = await summary.make_summary(self.agent.llm, cid, plan, budget)
+            await self.memory.write(compaction.compact_op(cid, plan, text))
 
     async def _run_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
         """Run one tool call; every failure becomes an error result (ToolFailed), never an
         exception, so the turn goes on and the model hears what went wrong."""
+        with spans.tool(call) as span:
+            return spans.tool_done(span, call, await self._call_tool(state, call))
+
+    async def _call_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
         try:
             arguments = logic.parse_arguments(call.arguments)
         except logic.BadArguments as exc:

@@ -8,9 +8,14 @@ to run. The actor waits for ``stored`` before it starts the turn and skips it if
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+from agentik import tracing
 from agentik.storage import ops
 from agentik.wire import Content, MessageContext
 
@@ -33,6 +38,9 @@ class Turn:
     withdrawal: trio.Event | None = None
     ending: ops.FinishTurn | None = None
     ended: bool | None = False
+    #: the sender's trace context (its request's span), taken along to the actor's task, where
+    #: the turn's span is its child (None while traces are off)
+    trace: Context | None = field(default_factory=tracing.carry)
 
     def settle(self, ok: bool) -> None:
         self.store_ok = ok

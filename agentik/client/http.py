@@ -23,6 +23,7 @@ from typing import Any, cast
 import anyio
 import httpx2
 
+from agentik import tracing
 from agentik.api import as_content
 from agentik.client.errors import AgentikConnectionError, error_from_response
 from agentik.client.handles import (
@@ -273,6 +274,9 @@ class AgentikAgent:
         content: bytes | None = None, headers: dict[str, str] | None = None,
     ) -> bytes:
         self._check_open()
+        if tracing.enabled():  # a node forwarding a command: the owner's spans join its trace
+            headers = dict(headers or {})
+            tracing.inject(headers)
         try:
             response = await self._http.request(
                 method, path, params=params, content=content, headers=headers)

@@ -30,6 +30,8 @@ import httpx2
 import msgspec
 import openai
 
+from agentik import tracing
+
 __all__ = ["ChatEndpoint", "data_lines"]
 
 #: the SDK client's other ways to authenticate (each None in plain API-key mode)
@@ -92,11 +94,16 @@ class ChatEndpoint:
         if not self.direct:
             extra = {name: value for name, value in body.items() if name not in ("model", "stream")}
             create = self._client.chat.completions.with_streaming_response.create
+            trace: dict[str, str] = {}
+            tracing.inject(trace)  # the round's span as the model server's parent
             sdk = await stack.enter_async_context(
-                create(model=body["model"], messages=[], stream=True, extra_body=extra))
+                create(model=body["model"], messages=[], stream=True, extra_body=extra,
+                       extra_headers=trace or None))
             return sdk.http_response
         http = self._client._client
         request = self.request(msgspec.json.encode(body))
+        if tracing.enabled():
+            tracing.inject(request.headers)  # the round's span as the model server's parent
         try:
             response = await http.send(request, stream=True)
         except httpx2.TimeoutException as exc:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import trio
 from trio.lowlevel import current_task, wait_task_rescheduled
 
+from agentik import tracing
 from agentik.config import DEFAULT_DB_TIMEOUT
 from agentik.errors import RuntimeClosedError, missing_extra
 from agentik.storage import ops
@@ -116,6 +117,8 @@ class Storage:
         # its request back (``_withdraw``), so it was never handed over (this is what
         # ``checkpoint_if_cancelled`` first did, on every write).
         req = Request(cast("ops.AnyOp", op), task=current_task(), home=self)  # (a closed union)
+        if tracing.enabled():
+            req.trace = tracing.carry()
         pending = self._pending
         pending.append(req)
         if len(pending) == 1:

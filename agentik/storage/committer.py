@@ -68,6 +68,8 @@ class Request(msgspec.Struct, eq=False):
     task: trio.lowlevel.Task | None = None
     #: the Storage that queued it, if its caller may withdraw it (``Storage.write``)
     home: Any = None
+    #: the writer's trace context (traces on only): its batch's span links to it
+    trace: Any = None
 
     def answer(self) -> None:
         self.answered = True

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from trio.lowlevel import reschedule
 
-from agentik import metrics
+from agentik import metrics, tracing
 from agentik.errors import (
     AgentikError,
     LeaseLostError,
@@ -41,6 +41,8 @@ class Publisher(Protocol):
 def deliver(hub: EventHub, storage: Storage, outcome: Outcome, feed: Publisher | None) -> None:
     """Report one outcome of the writer thread: health, stats, publish, answer its callers."""
     batch, result = outcome.batch, outcome.result
+    if batch and tracing.enabled():
+        _trace(outcome)
     if isinstance(result, BaseException):
         _failed(storage, batch + outcome.probes, result)
         return
@@ -83,6 +85,16 @@ def deliver(hub: EventHub, storage: Storage, outcome: Outcome, feed: Publisher |
         # Every node's events (this one's too) reach the hub through the feed, in global order;
         # callers are answered once their batch is published there.
         feed.own(result.events, result.oldest, result.head, answer)
+
+
+def _trace(outcome: Outcome) -> None:
+    """The batch's span (``storage commit``, timed by the thread), linked to the spans of the
+    writes in it: a batch serves many turns, so it is no one's child."""
+    failed = outcome.result if isinstance(outcome.result, BaseException) else None
+    tracing.record("storage commit", outcome.elapsed, links=[r.trace for r in outcome.batch],
+                   failed=f"{type(failed).__name__}: {failed}" if failed else None,
+                   attributes={"agentik.storage.batch_size": len(outcome.batch),
+                               "agentik.storage.followed": outcome.followed})
 
 
 def _failed(storage: Storage, reqs: list[Request], exc: BaseException) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,6 +21,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from agentik import tracing
 from agentik.a2a import serve as a2a_web
 from agentik.config import Config
 from agentik.errors import AgentikError, RuntimeClosedError
@@ -46,7 +48,13 @@ from agentik.web.users import bp as usage_bp
 from agentik.web.ws import bp as ws_bp
 
 if TYPE_CHECKING:
-    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+    from hypercorn.typing import (
+        ASGIReceiveCallable,
+        ASGISendCallable,
+        HTTPScope,
+        Scope,
+        WebsocketScope,
+    )
 
     from agentik.llm.base import LiteLlm
     from agentik.tools.base import ToolRegistry
@@ -69,6 +77,18 @@ class AgentikApp(QuartTrio):
         if not trio.lowlevel.in_trio_run():
             await process.refuse_without_trio(scope, receive, send)
             return
+        if scope["type"] not in ("http", "websocket"):
+            await super().__call__(scope, receive, send)
+            return
+        if tracing.enabled():
+            with _server_span(cast("HTTPScope | WebsocketScope", scope)):
+                await self._serve(scope, receive, send)
+        else:
+            await self._serve(scope, receive, send)
+
+    async def _serve(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
@@ -89,6 +109,18 @@ class AgentikApp(QuartTrio):
         if isinstance(exception_info[1], lifespan.StartupFailed):
             return
         super().log_exception(exception_info)
+
+
+def _server_span(scope: HTTPScope | WebsocketScope) -> AbstractContextManager[tracing.Span]:
+    """The request's server span (a WebSocket's for its whole connection), a child of the
+    caller's ``traceparent``; named by method and route once routed (``_after_request``)."""
+    assert scope["type"] in ("http", "websocket")
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1")
+               for name, value in scope["headers"]}
+    method = scope["method"] if scope["type"] == "http" else "GET"
+    return tracing.span(method, kind="server", parent=tracing.extract(headers), attributes={
+        "http.request.method": method, "url.path": scope["path"],
+        "url.scheme": scope["scheme"], "network.protocol.name": scope["type"]})
 
 
 def create_app(
@@ -217,6 +249,14 @@ async def _after_request(response: Response) -> Response:
         response.headers["Connection"] = "close"
     if request.path.startswith("/v1/"):
         response = await openai_web.openai_shaped(response)
+    if tracing.enabled():
+        span = tracing.current()
+        rule = request.url_rule.rule if request.url_rule is not None else None
+        span.rename(f"{request.method} {rule}" if rule else request.method)
+        span.set("http.route", rule)
+        span.set("http.response.status_code", response.status_code)
+        if response.status_code >= 500:
+            span.fail(str(response.status_code))
     started = getattr(g, "agentik_started", None)
     log_request(
         request.method, request.path, request.query_string, response.status_code,

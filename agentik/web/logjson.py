@@ -4,7 +4,8 @@ hypercorn's own.
 Every line has ``ts`` (ISO 8601, UTC), ``level``, ``logger`` and ``msg``; an exception adds
 ``exc``. The context a line was logged with (``logging``'s ``extra=``) is added under its own
 names when it is one of :data:`FIELDS`: access lines carry ``method``, ``path``, ``status``,
-``duration_ms`` and ``client_id``; turn lines ``conversation_id`` and ``turn_id``.
+``duration_ms`` and ``client_id``; turn lines ``conversation_id`` and ``turn_id``. A line logged
+inside a traced span (traces on, docs/OBSERVABILITY.md) adds its ``trace_id`` and ``span_id``.
 
 What came from a request is already escaped and masked by the caller (``agentik.web.logsafe``),
 the same text as in text mode; JSON encoding then makes any character safe inside its string, so
@@ -17,6 +18,8 @@ import datetime
 import logging
 
 import msgspec
+
+from agentik import tracing
 
 #: context fields copied from a record's ``extra`` into its JSON object
 FIELDS = ("method", "path", "status", "duration_ms", "client_id", "conversation_id", "turn_id")
@@ -37,6 +40,9 @@ class JsonFormatter(logging.Formatter):
             value = record.__dict__.get(name)
             if value is not None:
                 out[name] = value
+        ids = tracing.log_ids()  # formatted as it is logged: in the task of its span
+        if ids is not None:
+            out["trace_id"], out["span_id"] = ids
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:

@@ -14,6 +14,7 @@ Tools:
 - ``hang()``: never returns (for timeouts and interrupts); ``calls()``: how many calls so far;
 - ``crash()``: the process exits at once (``os._exit``), as a crashing server would; ``pid()``;
 - ``environment(name)``, ``whoami()``: what the process was started with; ``big(size)``;
+- ``meta()``: the ``_meta`` the call's request carried (as JSON);
 - ``table(rows)``: structured content of any size;
 - ``grow(name)``: adds a tool ``name`` and notifies ``tools/list_changed``;
 - ``picture()``: an image content block; ``fetch.page(url)``: a name that needs sanitising.
@@ -110,6 +111,12 @@ def build(name: str = "toolbox") -> MCPServer[Any]:
         """The server's name, its working directory and its command line."""
         count()
         return json.dumps({"name": server.name, "cwd": os.getcwd(), "argv": sys.argv})
+
+    @server.tool()
+    def meta(ctx: Context) -> str:
+        """The ``_meta`` of this call's request, as JSON (a trace's ``traceparent`` rides in it)."""
+        count()
+        return json.dumps(dict(ctx.request_context.meta or {}))
 
     @server.tool()
     def crash() -> str:

@@ -11,12 +11,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import mcp_types
 import trio
 from mcp.client.session import ClientSession, IncomingMessage
 
+from agentik import tracing
 from agentik.errors import ToolError
 from agentik.tools.base import ToolOutcome
 from agentik.tools.config import ServerConfig, StdioServerConfig
@@ -102,7 +103,9 @@ class McpConnection:
         failure: str | None = None
         result: mcp_types.CallToolResult | None = None
         try:
-            result = await session.call_tool(tool, arguments)
+            # the tool call's span as the server's parent, in _meta (the MCP conventions)
+            meta = cast("mcp_types.RequestParamsMeta | None", tracing.meta())
+            result = await session.call_tool(tool, arguments, meta=meta)
         except* Exception as group:
             # MCPError (an error answer, "Connection closed"), transport errors (which the SDK
             # delivers as exception groups), a malformed result: the turn goes on with ToolFailed.
