@@ -333,10 +333,12 @@ async def test_a_conversation_of_an_agent_no_longer_configured_is_answered_by_th
                     llm_max_retries=0)
     async with open_runtime(config) as agent:
         conv = await agent.create_conversation(agent="old")
+        other = await agent.create_conversation(agent="old")
     path.write_text(f'[agents.new]\nbase_url = "{b.base_url}"\n')
     async with open_runtime(config) as agent:
         data = await turn(agent, conv.id, "still there?")
         assert any(isinstance(d, AssistantMessageEvent) for d in data), data
         assert (await agent.get_conversation(conv.id)).agent == "old"  # type: ignore[union-attr]
+        await turn(agent, other.id, "and you?")  # its agent is said to be gone once, not twice
     assert not a.requests and b.requests[-1]["messages"][0]["content"] == "old one"
-    assert "belongs to agent 'old', which is not configured" in caplog.text
+    assert caplog.text.count("belongs to agent 'old', which is not configured") == 1

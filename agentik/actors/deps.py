@@ -41,6 +41,8 @@ class Deps:
     #: agent id -> whether its model's server answers (the runtime asks each now and then:
     #: /readyz); none: nobody asks
     models: Mapping[str, ModelHealth] = field(default_factory=dict)
+    #: agent ids no longer configured that conversations were found to belong to (said once)
+    unknown_agents: set[str] = field(default_factory=set)
 
     @property
     def default(self) -> AgentDeps:
@@ -56,8 +58,10 @@ class Deps:
         served by the default agent (its instructions are in its working memory already)."""
         agent = self.agents.get(agent_id)
         if agent is None:
-            log.warning("conversation %s belongs to agent %r, which is not configured: the "
-                        "default agent %r answers it", conversation_id, agent_id,
-                        self.profiles.default)
+            if agent_id not in self.unknown_agents:  # once: every old conversation has it
+                self.unknown_agents.add(agent_id)
+                log.warning("conversation %s belongs to agent %r, which is not configured: the "
+                            "default agent %r answers its conversations", conversation_id,
+                            agent_id, self.profiles.default)
             return self.default
         return agent
