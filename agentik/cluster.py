@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from agentik import metrics
-from agentik.errors import NotOwnerError, RuntimeClosedError
+from agentik.errors import AgentikConnectionError, NotOwnerError, RuntimeClosedError
 
 if TYPE_CHECKING:
     from agentik.client.http import AgentikAgent
@@ -51,12 +51,19 @@ class Peers:
 
     async def forward(self, exc: NotOwnerError, call: Callable[[AgentikAgent], Awaitable[T]]) -> T:
         """Run ``call`` against the owner node; re-raises ``exc`` (503) when it advertises no
-        URL."""
+        URL, and answers 503 too when the owner does not answer."""
         if not exc.addr:
             raise exc
         owner = self.client(exc.addr)
         metrics.CLUSTER_FORWARDED.inc()
-        return await call(owner)
+        try:
+            return await call(owner)
+        except AgentikConnectionError as err:
+            # The owner died or is cut off: its lease runs out and a live node takes the
+            # conversation over, so this is "not here, try again" (503), not a server fault (500).
+            raise NotOwnerError(
+                f"the node that owns this conversation does not answer ({err}); try again once "
+                "another node has taken it over", node_id=exc.node_id, addr=exc.addr) from err
 
     async def aclose(self) -> None:
         """Close every client (idempotent); forwarding is refused afterwards."""
