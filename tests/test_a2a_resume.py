@@ -27,6 +27,11 @@ from tests.webutil import open_sse, openai  # noqa: F401 - a fixture by name
 IMMEDIATELY = {"returnImmediately": True}
 
 
+def texts_of(stored: dict[str, Any]) -> str:
+    """The text of a stored message (agentik's JSON: content items with a ``body``)."""
+    return "".join(c.get("body", "") for c in stored["content"])
+
+
 @asynccontextmanager
 async def _server(
     engine: str, tmp_path: Path, openai: ScriptedOpenAI, request: pytest.FixtureRequest
@@ -127,6 +132,15 @@ async def test_a_queued_task_cancelled_before_or_after_the_kill_never_runs(
                 await openai.wait_requests(asked + 1)  # message 2's turn runs
             canceled = await rpc.call("CancelTask", {"id": after}, pb.Task)  # still queued
             assert canceled["status"]["state"] == "TASK_STATE_CANCELED"
+            # Its turn was withdrawn: ended (an empty interrupted answer) before the cancel's
+            # answer, while the turn ahead of it still runs.
+            (conv,) = (await http.get("/agentik/conversations")).json()["conversations"]
+            journal = (await http.get(f"/agentik/conversations/{conv['id']}/messages")).json()
+            (third,) = [m["id"] for m in journal if m["message"]["type"] == "user_message"
+                        and texts_of(m["message"]) == "message 3"]
+            ends = [m["message"] for m in journal if m["message"]["type"] == "assistant_message"
+                    and m["message"]["turn_id"] == third]
+            assert [(a["interrupted"], a["content"]) for a in ends] == [(True, [])], ends
             canceled = await rpc.call("CancelTask", {"id": runs}, pb.Task)  # running
             assert canceled["status"]["state"] == "TASK_STATE_CANCELED"
             got: dict[str, Any] = await rpc.call("GetTask", {"id": before}, pb.Task)
