@@ -59,7 +59,8 @@ def text_of(events: list[Any]) -> str:
     return "".join(e.delta for e in events if e.type == "response.output_text.delta")
 
 
-async def test_create_chain_retrieve_and_input_items(server: Server) -> None:
+async def test_create_chain_retrieve_and_input_items(server: Server,
+                                                     scripted: ScriptedOpenAI) -> None:
     with trio.fail_after(30):
         sdk = client(server)
         first = await sdk.responses.create(model="default", input="hello")
@@ -77,6 +78,15 @@ async def test_create_chain_retrieve_and_input_items(server: Server) -> None:
         # the same conversation over agentik's own API
         stored = await server.agent.chat_snapshot(first.conversation.id)
         assert len(stored.messages) == 4
+        # instructions reach the model with this turn's input, and are kept with the response
+        told = await sdk.responses.create(model="default", input="bonjour",
+                                          instructions="Answer in French.",
+                                          previous_response_id=second.id,
+                                          metadata={"ticket": "42"})
+        sent = str(scripted.requests[-1]["messages"][-1]["content"])
+        assert "Answer in French." in sent and "bonjour" in sent
+        kept = await sdk.responses.retrieve(told.id)
+        assert kept.instructions == "Answer in French." and kept.metadata == {"ticket": "42"}
         sync = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         answer = await trio.to_thread.run_sync(
             lambda: sync.responses.create(model="default", input=[
