@@ -28,6 +28,7 @@ from agentik.errors import AgentikError, RuntimeClosedError
 from agentik.openai_api import mount as openai_mount
 from agentik.openai_api import web as openai_web
 from agentik.sse import serve_body
+from agentik.users import SHARED_ADMIN
 from agentik.web import auth, cors, lifespan, logsafe, process
 from agentik.web._state import (
     WebState,
@@ -189,8 +190,11 @@ async def _before_request() -> Response | None:
         return preflight
     if request.path == "/healthz" or request.endpoint in auth.PUBLIC_ENDPOINTS:
         return None
-    if st.authenticator is None:  # not started (or failed to): no route but the public ones
-        return error_response(RuntimeClosedError("the runtime is not running"))
+    if st.authenticator is None:  # not started (or failed to)
+        if st.config is None or st.config.auth_enabled:  # no route but the public ones
+            return error_response(RuntimeClosedError("the runtime is not running"))
+        g.agentik_principal = SHARED_ADMIN  # auth off: as the started app would say
+        return None
     try:
         who = await st.authenticator.principal(
             request.headers.get("Authorization"), request.args.get("access_token"),
