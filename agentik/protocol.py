@@ -257,6 +257,9 @@ class SendMessage(Tagged, frozen=True, kw_only=True, tag="send"):
     on_busy: Literal["queue", "reject", "interrupt"] | None = None
     #: like the Idempotency-Key header of ``POST …/messages``
     idempotency_key: str | None = None
+    #: a W3C trace context, like the traceparent header of ``POST …/messages``: the send's span
+    #: (and so its turn's) joins that trace (docs/OBSERVABILITY.md)
+    traceparent: str | None = None
 
 
 class InterruptTurn(Tagged, frozen=True, kw_only=True, tag="interrupt"):

@@ -10,8 +10,8 @@ A span made here becomes the current one of the task that entered it (contextvar
 entered below it in the same task nest under it. A turn runs in its conversation's actor, another
 task: the sender's context is taken along explicitly (:func:`carry`, kept on the mailbox
 message) and given as ``parent``. Across processes the W3C ``traceparent`` header carries it
-(:func:`extract` from a request, :func:`inject` into a model request or a forwarded command,
-:func:`meta` into an MCP request's ``_meta``).
+(:func:`extract` from a request, :func:`inject` into a model request or a forwarded command;
+an MCP request's ``_meta`` gets it from the mcp SDK itself, which reads the current span).
 """
 
 from __future__ import annotations
@@ -231,14 +231,11 @@ def inject(headers: MutableMapping[str, str]) -> None:
     TraceContextTextMapPropagator().inject(headers)
 
 
-def meta() -> dict[str, str] | None:
-    """An MCP request's ``_meta`` with this task's ``traceparent`` (the MCP semantic
-    conventions' carrier for a tool call), or None while traces are off."""
-    if _tracer is None:
+def child_of(traceparent: str | None) -> Context | None:
+    """The context a ``traceparent`` carried in a message names (a WebSocket command's)."""
+    if _tracer is None or not traceparent:
         return None
-    out: dict[str, str] = {}
-    inject(out)
-    return out or None
+    return extract({"traceparent": traceparent})
 
 
 def log_ids() -> tuple[str, str] | None:

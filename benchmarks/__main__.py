@@ -27,6 +27,7 @@ from benchmarks import (
     pg,
     runtime,
     storage,
+    traces,
     users,
     web,
 )
@@ -51,6 +52,7 @@ SCENARIOS: dict[str, Scenario] = {
     "pg_fanout": pg.pg_fanout,
     "web_markdown": markdown.web_markdown,
     "users_replay": users.users_replay,
+    "traces_turn_cost": traces.traces_turn_cost,
 }
 #: not in the default run: in-process, so its figure is noisy (see docs/BENCHMARKS.md)
 EXTRA: dict[str, Scenario] = {"memory_actors": runtime.memory_actors}

@@ -32,13 +32,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from quart import Response, request
 from quart_trio import QuartTrio
+from trio_websocket import open_websocket_url
 
 from agentik import tracing
 from agentik.config import Config
 from agentik.web.logjson import JsonFormatter
 from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls
 from tests.test_tools_mcp import connected, mcp_of, stdio_entry, wait_for, write_config
-from tests.webutil import open_sse, serve_app
+from tests.webutil import WsClient, open_sse, serve_app
 
 WAIT = 20
 
@@ -175,6 +176,32 @@ async def test_a_tool_using_turn_is_one_trace_under_the_callers_traceparent(
     commits = named(spans, "storage commit")
     linked = {link.span_id for span in commits for link in span.links}
     assert turn.span_id in linked and tool.span_id not in {s.span_id for s in commits}
+
+
+async def test_a_websocket_send_joins_the_trace_its_traceparent_names(
+    config: Config, scripted: ScriptedOpenAI, receiver: Receiver
+) -> None:
+    scripted.push(Reply("Hi."))
+    trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
+    async with serve_app(config.replace(trace_endpoint=receiver.url)) as server:
+        async with open_websocket_url(server.ws_url) as ws:
+            client = WsClient(ws)
+            created = await client.call("create")
+            cid = created["result"]["id"]
+            sent = await client.call("send", conversation_id=cid,
+                                     content=[{"type": "text", "body": "hello"}],
+                                     traceparent=f"00-{trace_id}-{caller}-01")
+            assert sent["type"] == "reply", sent
+            await receiver.until(lambda spans: bool(named(spans, "invoke_agent")))
+        spans = await receiver.until(lambda spans: bool(named(spans, "GET /agentik/ws")))
+    [command] = named(spans, "ws SendMessage")
+    assert command.trace_id.hex() == trace_id and command.parent_span_id.hex() == caller
+    [turn] = named(spans, "invoke_agent")
+    assert turn.parent_span_id == command.span_id
+    # a command without one is a child of the socket's own span
+    [socket] = [s for s in spans if s.name == "GET /agentik/ws"]
+    [create] = named(spans, "ws CreateConversation")
+    assert create.parent_span_id == socket.span_id
 
 
 async def test_content_is_recorded_only_when_allowed(

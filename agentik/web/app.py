@@ -115,11 +115,13 @@ class AgentikApp(QuartTrio):
 def _server_span(scope: HTTPScope | WebsocketScope) -> AbstractContextManager[tracing.Span]:
     """The request's server span (a WebSocket's for its whole connection), a child of the
     caller's ``traceparent``; named by method and route once routed (``_after_request``)."""
-    assert scope["type"] in ("http", "websocket")
     headers = {name.decode("latin-1").lower(): value.decode("latin-1")
                for name, value in scope["headers"]}
-    method = scope["method"] if scope["type"] == "http" else "GET"
-    return tracing.span(method, kind="server", parent=tracing.extract(headers), attributes={
+    if scope["type"] == "http":
+        name = method = scope["method"]
+    else:  # a WebSocket's one route has no parameters: its path is its name
+        method, name = "GET", f"GET {scope['path']}"
+    return tracing.span(name, kind="server", parent=tracing.extract(headers), attributes={
         "http.request.method": method, "url.path": scope["path"],
         "url.scheme": scope["scheme"], "network.protocol.name": scope["type"]})
 

@@ -26,7 +26,7 @@ import msgspec
 import trio
 from quart import Blueprint, Response, websocket
 
-from agentik import metrics
+from agentik import metrics, tracing
 from agentik.agent import LocalAgent
 from agentik.api import decode_client_json
 from agentik.errors import (
@@ -192,7 +192,9 @@ class Session:
             if isinstance(frame, Subscribe):
                 await self.subscribe(frame)
                 return
-            result = await self.command(frame)
+            parent = tracing.child_of(getattr(frame, "traceparent", None))  # else the socket's
+            with tracing.span(f"ws {type(frame).__name__}", kind="server", parent=parent):
+                result = await self.command(frame)
         except AgentikError as exc:
             await self.send(ErrorFrame(id=frame.id, error=detail_of(exc)))
             return

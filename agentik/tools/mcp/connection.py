@@ -11,13 +11,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import mcp_types
 import trio
 from mcp.client.session import ClientSession, IncomingMessage
 
-from agentik import tracing
 from agentik.errors import ToolError
 from agentik.tools.base import ToolOutcome
 from agentik.tools.config import ServerConfig, StdioServerConfig
@@ -103,9 +102,9 @@ class McpConnection:
         failure: str | None = None
         result: mcp_types.CallToolResult | None = None
         try:
-            # the tool call's span as the server's parent, in _meta (the MCP conventions)
-            meta = cast("mcp_types.RequestParamsMeta | None", tracing.meta())
-            result = await session.call_tool(tool, arguments, meta=meta)
+            # (with traces on, the SDK puts the current span, the tool call's, in the request's
+            # _meta as the MCP conventions say: the server continues the trace)
+            result = await session.call_tool(tool, arguments)
         except* Exception as group:
             # MCPError (an error answer, "Connection closed"), transport errors (which the SDK
             # delivers as exception groups), a malformed result: the turn goes on with ToolFailed.
