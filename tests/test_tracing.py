@@ -255,3 +255,34 @@ trio.run(main)
     done = subprocess.run([sys.executable, "-c", program, str(tmp_path / "a.db")],
                           capture_output=True, text=True, timeout=60, env=env)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+async def test_a_command_forwarded_to_the_owner_node_stays_in_the_trace(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path, receiver: Receiver
+) -> None:
+    """Two nodes (processes) on one PostgreSQL: a message sent to the node that does not own its
+    conversation is forwarded to the owner, and the owner's spans join the caller's trace."""
+    from agentik.client.http import AgentikAgent
+    from tests.test_pg_nodes import cluster
+
+    scripted.push(Reply("From the owner."))
+    trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url}
+    async with cluster(pg_url, scripted, tmp_path, env=env) as (a, b):
+        owner = AgentikAgent("cb", b.url)
+        try:
+            cid = (await owner.create_conversation()).id  # b owns it
+        finally:
+            await owner.close()
+        async with httpx2.AsyncClient(base_url=a.url, timeout=WAIT) as client:
+            sent = await client.post(f"/agentik/conversations/{cid}/messages",
+                                     json={"content": [{"type": "text", "body": "hi"}]},
+                                     headers={"traceparent": f"00-{trace_id}-{caller}-01"})
+            assert sent.status_code == 202, sent.text
+        spans = await receiver.until(lambda spans: bool(named(spans, "invoke_agent")))
+    mine = [s for s in spans if s.trace_id.hex() == trace_id]
+    posts = [s for s in mine if s.name == "POST /agentik/conversations/<conversation_id>/messages"]
+    [on_a] = [s for s in posts if s.parent_span_id.hex() == caller]
+    [on_b] = [s for s in posts if s.parent_span_id == on_a.span_id]  # forwarded by a
+    [turn] = named(mine, "invoke_agent")
+    assert turn.parent_span_id == on_b.span_id
