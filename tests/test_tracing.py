@@ -37,7 +37,7 @@ from trio_websocket import open_websocket_url
 from agentik import tracing
 from agentik.config import Config
 from agentik.web.logjson import JsonFormatter
-from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls
+from tests.scripted_openai import Echo, Fail, Reply, ScriptedOpenAI, ToolCalls
 from tests.test_tools_mcp import connected, mcp_of, stdio_entry, wait_for, write_config
 from tests.webutil import WsClient, open_sse, serve_app
 
@@ -202,6 +202,62 @@ async def test_a_websocket_send_joins_the_trace_its_traceparent_names(
     [socket] = [s for s in spans if s.name == "GET /agentik/ws"]
     [create] = named(spans, "ws CreateConversation")
     assert create.parent_span_id == socket.span_id
+
+
+async def test_an_a2a_call_is_the_parent_of_its_turn(
+    config: Config, scripted: ScriptedOpenAI, receiver: Receiver
+) -> None:
+    """A2A runs the turn's execution in a task of its own: the call's context goes with it."""
+    scripted.push(Reply("Paris."))
+    trace_id, caller = secrets.token_hex(16), secrets.token_hex(8)
+    async with serve_app(config.replace(trace_endpoint=receiver.url)) as server:
+        async with httpx2.AsyncClient(base_url=server.url, timeout=WAIT) as client:
+            answer = await client.post("/a2a", json={
+                "jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
+                    "role": "ROLE_USER", "messageId": "m1", "parts": [{"text": "Capital?"}]}}},
+                headers={"A2A-Version": "1.0", "traceparent": f"00-{trace_id}-{caller}-01"})
+            assert answer.status_code == 200 and "result" in answer.json(), answer.text
+        spans = await receiver.until(lambda spans: bool(named(spans, "invoke_agent")))
+    [call] = [s for s in spans if s.name == "POST /a2a"]
+    assert call.trace_id.hex() == trace_id and call.parent_span_id.hex() == caller
+    [turn] = named(spans, "invoke_agent")
+    assert turn.trace_id == call.trace_id and turn.parent_span_id == call.span_id
+
+
+async def test_a_failed_turn_is_a_failed_span(
+    config: Config, scripted: ScriptedOpenAI, receiver: Receiver
+) -> None:
+    scripted.push(Fail(500, "the model broke"))
+    async with serve_app(config.replace(trace_endpoint=receiver.url)) as server:
+        conv = await server.agent.create_conversation()
+        await conv.send("hello")
+        spans = await receiver.until(lambda spans: bool(named(spans, "invoke_agent")))
+    [turn] = named(spans, "invoke_agent")
+    [chat] = named(spans, "chat ")
+    assert turn.status.code == turn.status.STATUS_CODE_ERROR, turn.status
+    assert attrs(turn)["agentik.turn.outcome"] == "failed" and attrs(turn)["error.type"]
+    assert chat.status.code == chat.status.STATUS_CODE_ERROR  # the round raised
+
+
+async def test_a_compaction_is_a_span_of_its_turn(
+    config: Config, scripted: ScriptedOpenAI, receiver: Receiver
+) -> None:
+    from agentik import open_runtime
+    from tests.test_context_openai import is_summary_request, sentence
+    from tests.test_runtime import run_turn
+
+    scripted.callable_default = lambda body: (
+        Reply("They talked.") if is_summary_request(body) else Echo(prefix="You asked: "))
+    async with open_runtime(config.replace(context_window=600,
+                                           trace_endpoint=receiver.url)) as agent:
+        conv = await agent.create_conversation()
+        for i in range(8):
+            await run_turn(agent, conv, sentence(i))
+        spans = await receiver.until(lambda spans: bool(named(spans, "compaction")))
+    compaction = named(spans, "compaction")[0]
+    [turn] = [s for s in named(spans, "invoke_agent") if s.span_id == compaction.parent_span_id]
+    assert attrs(compaction)["agentik.compaction.items"] > 0
+    assert attrs(compaction)["gen_ai.conversation.id"] == attrs(turn)["gen_ai.conversation.id"]
 
 
 async def test_content_is_recorded_only_when_allowed(

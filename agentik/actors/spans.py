@@ -96,11 +96,11 @@ def tool_done(span: tracing.Span, call: ToolCallSpec, result: ToolResult) -> Too
     return result
 
 
-def compaction(conversation_id: str, turns: int) -> AbstractContextManager[tracing.Span]:
+def compaction(conversation_id: str, items: int) -> AbstractContextManager[tracing.Span]:
     if not tracing.enabled():
         return tracing.NOOP
     return tracing.span("compaction", attributes={
-        "gen_ai.conversation.id": conversation_id, "agentik.compaction.turns": turns})
+        "gen_ai.conversation.id": conversation_id, "agentik.compaction.items": items})
 
 
 def _provider(profile: Profile) -> str:
