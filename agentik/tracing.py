@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Link, Tracer
     from opentelemetry.trace import Span as OtelSpan
-    from opentelemetry.trace import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -141,23 +141,27 @@ def flush(timeout_s: float = 5.0) -> None:
 
 
 def span(name: str, *, kind: Kind = "internal", parent: Context | None = None,
-         attributes: Mapping[str, Value] | None = None) -> AbstractContextManager[Span]:
+         attributes: Mapping[str, Value] | None = None,
+         links: Sequence[Context | None] = ()) -> AbstractContextManager[Span]:
     """``with span(name) as s:`` a span, current in this task while inside; ``parent``: a context
     taken along from another task (:func:`carry`) or request (:func:`extract`), else this task's
-    current span. An exception leaving it marks it failed, a cancellation does not."""
+    current span; ``links``: contexts whose spans it relates to without being their child. An
+    exception leaving it marks it failed, a cancellation does not."""
     if _tracer is None:
         return NOOP
-    return _span(_tracer, name, kind, parent, attributes)
+    return _span(_tracer, name, kind, parent, attributes, links)
 
 
 @contextmanager
 def _span(tracer: Tracer, name: str, kind: Kind, parent: Context | None,
-          attributes: Mapping[str, Value] | None) -> Iterator[Span]:
+          attributes: Mapping[str, Value] | None,
+          links: Sequence[Context | None]) -> Iterator[Span]:
     from opentelemetry import trace
 
     kinds = {"internal": trace.SpanKind.INTERNAL, "server": trace.SpanKind.SERVER,
              "client": trace.SpanKind.CLIENT}
-    otel = tracer.start_span(name, context=parent, kind=kinds[kind], attributes=attributes)
+    otel = tracer.start_span(name, context=parent, kind=kinds[kind], attributes=attributes,
+                             links=_links(links))
     live = _Live(otel)
     with trace.use_span(otel, end_on_exit=True, record_exception=False,
                         set_status_on_exception=False):
@@ -182,17 +186,29 @@ def record(name: str, seconds: float, *, links: Sequence[Context | None] = (),
     a root, linked to the spans current in ``links`` (those with one, the first MAX_LINKS)."""
     if _tracer is None:
         return
-    from opentelemetry import trace
 
-    contexts = [trace.get_current_span(c).get_span_context() for c in links if c is not None]
     end = time.time_ns()
-    otel = _tracer.start_span(
-        name, context=trace.set_span_in_context(trace.INVALID_SPAN), attributes=attributes,
-        links=[trace.Link(c) for c in contexts if c.is_valid][:MAX_LINKS],
-        start_time=end - int(seconds * 1e9))
+    otel = _tracer.start_span(name, context=root(), attributes=attributes, links=_links(links),
+                              start_time=end - int(seconds * 1e9))
     if failed is not None:
         _Live(otel).fail(failed)
     otel.end(end_time=end)
+
+
+def _links(contexts: Sequence[Context | None]) -> list[Link]:
+    from opentelemetry import trace
+
+    spans = [trace.get_current_span(c).get_span_context() for c in contexts if c is not None]
+    return [trace.Link(s) for s in spans if s.is_valid][:MAX_LINKS]
+
+
+def root() -> Context | None:
+    """A parent that is none: the span starts a trace of its own (None while traces are off)."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    return trace.set_span_in_context(trace.INVALID_SPAN)
 
 
 def current() -> Span:
@@ -232,10 +248,11 @@ def inject(headers: MutableMapping[str, str]) -> None:
 
 
 def child_of(traceparent: str | None) -> Context | None:
-    """The context a ``traceparent`` carried in a message names (a WebSocket command's)."""
-    if _tracer is None or not traceparent:
+    """The context a ``traceparent`` carried in a message names (a WebSocket command's); without
+    one, a new trace's (:func:`root`)."""
+    if _tracer is None:
         return None
-    return extract({"traceparent": traceparent})
+    return extract({"traceparent": traceparent}) if traceparent else root()
 
 
 def log_ids() -> tuple[str, str] | None:

@@ -198,10 +198,13 @@ async def test_a_websocket_send_joins_the_trace_its_traceparent_names(
     assert command.trace_id.hex() == trace_id and command.parent_span_id.hex() == caller
     [turn] = named(spans, "invoke_agent")
     assert turn.parent_span_id == command.span_id
-    # a command without one is a child of the socket's own span
+    # a command without one starts a trace of its own (a socket may stay open for hours), each
+    # linked to the socket's span
     [socket] = [s for s in spans if s.name == "GET /agentik/ws"]
     [create] = named(spans, "ws CreateConversation")
-    assert create.parent_span_id == socket.span_id
+    assert create.parent_span_id == b"" and create.trace_id != socket.trace_id
+    for span in (create, command):
+        assert [link.span_id for link in span.links] == [socket.span_id]
 
 
 async def test_an_a2a_call_is_the_parent_of_its_turn(

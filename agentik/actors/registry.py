@@ -84,7 +84,9 @@ class Registry:
         turns = []
         for turn_id, message in rows:
             assert isinstance(message, UserMessage)  # a turn row's message is its user message
-            turn = Turn(turn_id=turn_id, content=list(message.content), context=message.context)
+            # trace=None: their senders' contexts died with the process; not whoever woke us
+            turn = Turn(turn_id=turn_id, content=list(message.content), context=message.context,
+                        trace=None)
             turn.settle(True)
             turns.append(turn)
         if turns:

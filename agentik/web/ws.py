@@ -192,8 +192,9 @@ class Session:
             if isinstance(frame, Subscribe):
                 await self.subscribe(frame)
                 return
-            parent = tracing.child_of(getattr(frame, "traceparent", None))  # else the socket's
-            with tracing.span(f"ws {type(frame).__name__}", kind="server", parent=parent):
+            parent = tracing.child_of(getattr(frame, "traceparent", None))  # linked to the socket
+            with tracing.span(f"ws {type(frame).__name__}", kind="server", parent=parent,
+                              links=(tracing.carry(),)):
                 result = await self.command(frame)
         except AgentikError as exc:
             await self.send(ErrorFrame(id=frame.id, error=detail_of(exc)))
