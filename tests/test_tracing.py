@@ -345,3 +345,20 @@ async def test_a_command_forwarded_to_the_owner_node_stays_in_the_trace(
     [on_b] = [s for s in posts if s.parent_span_id == on_a.span_id]  # forwarded by a
     [turn] = named(mine, "invoke_agent")
     assert turn.parent_span_id == on_b.span_id
+
+
+def test_only_the_tracing_module_imports_opentelemetry() -> None:
+    """Every other module calls through agentik.tracing (type-only imports aside), so traces
+    off cost nothing and the SDK stays optional."""
+    import ast
+
+    from tests.test_layers import _imports, module_names
+
+    found = set()
+    for module, path in module_names().items():
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""])
+            if any(name.split(".")[0] == "opentelemetry" for name in names):
+                found.add(module)
+    assert found == {"agentik.tracing"}
