@@ -261,6 +261,9 @@ async def test_a_compaction_is_a_span_of_its_turn(
     [turn] = [s for s in named(spans, "invoke_agent") if s.span_id == compaction.parent_span_id]
     assert attrs(compaction)["agentik.compaction.items"] > 0
     assert attrs(compaction)["gen_ai.conversation.id"] == attrs(turn)["gen_ai.conversation.id"]
+    # its summary is a model round of its own, the compaction's child
+    [summary] = [s for s in named(spans, "chat ") if s.parent_span_id == compaction.span_id]
+    assert attrs(summary)["agentik.chat.purpose"] == "summary"
 
 
 async def test_content_is_recorded_only_when_allowed(

@@ -353,7 +353,8 @@ class ConversationActor(TurnEndings):
         cannot be made or does not fit (see compaction.py, summary.py)."""
         cid = self.h.conversation_id
         with spans.compaction(cid, len(plan.dropped)):
-            text = await summary.make_summary(self.agent.llm, cid, plan, budget)
+            with spans.summary(self.agent.profile, cid):
+                text = await summary.make_summary(self.agent.llm, cid, plan, budget)
             await self.memory.write(compaction.compact_op(cid, plan, text))
 
     async def _run_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:

@@ -96,6 +96,16 @@ def tool_done(span: tracing.Span, call: ToolCallSpec, result: ToolResult) -> Too
     return result
 
 
+def summary(profile: Profile, conversation_id: str) -> AbstractContextManager[tracing.Span]:
+    """The model round that summarises old turns for a compaction: a ``chat`` of its own."""
+    if not tracing.enabled():
+        return tracing.NOOP
+    return tracing.span(f"chat {profile.model}", kind="client", attributes={
+        "gen_ai.operation.name": "chat", "gen_ai.provider.name": _provider(profile),
+        "gen_ai.request.model": profile.model, "gen_ai.conversation.id": conversation_id,
+        "agentik.chat.purpose": "summary"})
+
+
 def compaction(conversation_id: str, items: int) -> AbstractContextManager[tracing.Span]:
     if not tracing.enabled():
         return tracing.NOOP
