@@ -101,6 +101,11 @@ def enabled() -> bool:
     return _tracer is not None
 
 
+def content() -> bool:
+    """Whether spans may record what was said (AGENTIK_TRACE_CONTENT=1, and traces on)."""
+    return _content and _tracer is not None
+
+
 def setup(*, endpoint: str | None, content: bool = False, service: str = "agentik") -> bool:
     """Turn traces on when ``endpoint`` (the URL spans are posted to) is set and the SDK is
     installed (once per process: the provider is the process's; later calls only change

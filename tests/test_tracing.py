@@ -277,8 +277,12 @@ async def test_content_is_recorded_only_when_allowed(
         spans = await receiver.until(lambda spans: bool(named(spans, "invoke_agent")))
     [turn] = named(spans, "invoke_agent")
     [chat] = named(spans, "chat ")
-    assert attrs(turn)["gen_ai.input.messages"] == "the question"
-    assert attrs(chat)["gen_ai.output.messages"] == "The answer."
+    # the GenAI conventions' shape: a JSON list of messages of typed parts
+    assert json.loads(attrs(turn)["gen_ai.input.messages"]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "the question"}]}]
+    assert json.loads(attrs(chat)["gen_ai.output.messages"]) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": "The answer."}],
+         "finish_reason": "stop"}]
 
 
 async def test_json_log_lines_carry_the_trace_ids(receiver: Receiver) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
+import msgspec
+
 from agentik import tracing
 from agentik.actors import turn as logic
 from agentik.actors.messages import Turn
@@ -30,8 +32,9 @@ def _turn(profile: Profile, conversation_id: str, msg: Turn) -> Iterator[tracing
         "gen_ai.agent.name": profile.name, "gen_ai.conversation.id": conversation_id,
         "gen_ai.request.model": profile.model, "agentik.turn_id": msg.turn_id,
     }) as span:
-        span.set_content("gen_ai.input.messages", " ".join(
-            part.body for part in msg.content if isinstance(part, Text)))
+        if tracing.content():
+            span.set_content("gen_ai.input.messages", _messages("user", [
+                part.body for part in msg.content if isinstance(part, Text)]))
         yield span
 
 
@@ -72,7 +75,9 @@ def _chat(profile: Profile, state: logic.TurnState) -> Iterator[tracing.Span]:
                 span.set("gen_ai.usage.output_tokens", state.completion_tokens - before[1])
             if state.finish_reason:
                 span.set("gen_ai.response.finish_reasons", (state.finish_reason,))
-            span.set_content("gen_ai.output.messages", "".join(state.round_text))
+            if tracing.content():
+                span.set_content("gen_ai.output.messages", _messages(
+                    "assistant", ["".join(state.round_text)], state.finish_reason or "stop"))
 
 
 def tool(call: ToolCallSpec) -> AbstractContextManager[tracing.Span]:
@@ -111,6 +116,15 @@ def compaction(conversation_id: str, items: int) -> AbstractContextManager[traci
         return tracing.NOOP
     return tracing.span("compaction", attributes={
         "gen_ai.conversation.id": conversation_id, "agentik.compaction.items": items})
+
+
+def _messages(role: str, texts: list[str], finish_reason: str | None = None) -> str:
+    """One message in the GenAI conventions' JSON shape (role, text parts, finish reason)."""
+    message: dict[str, object] = {
+        "role": role, "parts": [{"type": "text", "content": text} for text in texts]}
+    if finish_reason is not None:
+        message["finish_reason"] = finish_reason
+    return msgspec.json.encode([message]).decode()
 
 
 def _provider(profile: Profile) -> str:
