@@ -21,7 +21,7 @@ import trio
 
 from agentik.storage import ops
 from agentik.storage.sqlite.writer import Writer
-from agentik.wire import Text, UserMessage
+from agentik.wire import Error, Text, UserMessage
 from benchmarks.serverproc import ServerProcess, rss_kib, spawn_server
 from tests.scripted_openai import Reply, ScriptedOpenAI, Step, open_scripted_openai
 from tests.webutil import SseStream, open_sse
@@ -275,6 +275,30 @@ def fill_outbox(path: str, events: int) -> None:
         writer.close()
 
 
+def fill_closed_turns(path: str, turns: int) -> None:
+    """Store ``turns`` closed turns straight through the Writer (set-up, as :func:`fill_outbox`),
+    3 durable events each: the user message, an ``error`` "interrupted by restart" and
+    ``touched``. Closed here because a message left queued is answered by the server after its
+    start-up (issue 26) and a replay would race those answers; before issue 26 the start-up
+    itself closed them with the same two events."""
+    writer = Writer(path, synchronous="OFF", outbox_cap=10 * turns, outbox_ttl=1e9)
+    try:
+        writer.commit_batch([ops.CreateConversation(
+            conversation_id="fill", title=None, is_temporal=False, system_prompt="s")])
+        message = UserMessage(content=[Text(body="x" * 100)])
+        for first in range(0, turns, 500):
+            batch: list[ops.AnyOp] = []
+            for i in range(first, min(first + 500, turns)):
+                error = Error(message="interrupted by restart", code="restart", turn_id=f"m{i}")
+                batch += [ops.AppendUserMessage(conversation_id="fill", message_id=f"m{i}",
+                                                message=message),
+                          ops.FinishTurn(conversation_id="fill", turn_id=f"m{i}",
+                                         error=(f"e{i}", error))]
+            writer.commit_batch(batch)
+    finally:
+        writer.close()
+
+
 async def count_sse_events(response: httpx2.Response, last_id: bytes) -> int:
     """Count ``id:`` lines until the frame whose id is ``last_id`` (bytes-level, cheap)."""
     count = 0
@@ -298,9 +322,7 @@ async def replay(quick: bool) -> dict[str, Any]:
     async with open_scripted_openai() as scripted:
         with tempfile.TemporaryDirectory() as tmp:
             path = str(Path(tmp) / "r.db")
-            # Each stored user message leaves an open turn, which the server closes at start-up
-            # (an `error` "interrupted by restart" + `touched`): 3 events per message in all.
-            await trio.to_thread.run_sync(fill_outbox, path, events // 3)
+            await trio.to_thread.run_sync(fill_closed_turns, path, events // 3)
             async with (
                 spawn_server(path, openai_base_url=scripted.base_url,
                              env={"AGENTIK_OUTBOX_CAP": str(10 * events)}) as server,
