@@ -304,34 +304,6 @@ class LocalAgent:
             return await self._peers.forward(
                 exc, lambda o: o.cancel_turn(conversation_id, turn_id))
 
-    async def _send(
-        self,
-        conversation_id: str,
-        content: list[Content],
-        context: MessageContext | None,
-        *,
-        on_busy: str | None = None,
-        idempotency_key: str | None = None,
-        user: str | None = None,
-    ) -> str:
-        """Queue the message on the conversation's actor; returns the stored message's id. In a
-        cluster, a conversation owned by another live node gets it through its owner."""
-        self._check_open()
-        if on_busy is not None and on_busy not in BUSY_POLICIES:
-            raise InvalidInputError(f"on_busy must be one of {', '.join(BUSY_POLICIES)}, "
-                                    f"got {on_busy!r}")
-        check_content(content, self.config.image_rules)  # every front door's content, once
-        await self.users.require(conversation_id, user)
-        idem = self._idempotency(
-            idempotency_key, f"send:{conversation_id}", [content, context], user)
-        try:
-            return await self._registry.submit(
-                conversation_id, content, context, on_busy=on_busy, idempotency=idem)
-        except NotOwnerError as exc:
-            return await self._peers.forward(exc, lambda o: o.send(
-                conversation_id, content, context, on_busy=on_busy,
-                idempotency_key=idempotency_key))
-
     async def send(
         self,
         conversation_id: str,
@@ -342,10 +314,26 @@ class LocalAgent:
         idempotency_key: str | None = None,
         user: str | None = None,
     ) -> str:
-        """See :meth:`agentik.api.ConversationView.send`. ``user``: refused as unknown unless the
-        conversation is theirs."""
-        return await self._send(conversation_id, as_content(content), context,
-                                on_busy=on_busy, idempotency_key=idempotency_key, user=user)
+        """See :meth:`agentik.api.ConversationView.send`: queue the message on the conversation's
+        actor; returns the stored message's id. ``user``: refused as unknown unless the
+        conversation is theirs. In a cluster, a conversation owned by another live node gets it
+        through its owner."""
+        items = as_content(content)  # the one list kept from here on
+        self._check_open()
+        if on_busy is not None and on_busy not in BUSY_POLICIES:
+            raise InvalidInputError(f"on_busy must be one of {', '.join(BUSY_POLICIES)}, "
+                                    f"got {on_busy!r}")
+        check_content(items, self.config.image_rules)  # every front door's content, once
+        await self.users.require(conversation_id, user)
+        idem = self._idempotency(
+            idempotency_key, f"send:{conversation_id}", [items, context], user)
+        try:
+            return await self._registry.submit(
+                conversation_id, items, context, on_busy=on_busy, idempotency=idem)
+        except NotOwnerError as exc:
+            return await self._peers.forward(exc, lambda o: o.send(
+                conversation_id, items, context, on_busy=on_busy,
+                idempotency_key=idempotency_key))
 
     async def conversations_snapshot(
         self, offset: int = 0, limit: int = 100, *, user: str | None = None

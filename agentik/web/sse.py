@@ -89,6 +89,8 @@ class EventStream(WakeBody):
         self._state = st
         self._batches = batches
         self._after = after
+        #: every frame's id is ``<epoch>:<offset>``
+        self._prefix = after.epoch.encode() + b":"
         self._stream: AsyncGenerator[list[StoredEvent], None] | None = None
         #: what the first step read, for the first step() after ": connected"
         self._pending = b""
@@ -96,7 +98,7 @@ class EventStream(WakeBody):
 
     async def __aenter__(self) -> EventStream:
         self._stream = self._batches(wake=self.wake)
-        self._pending = await self._advance()
+        self._pending = await self.step()
         _opened(self._state)
         return self
 
@@ -114,12 +116,36 @@ class EventStream(WakeBody):
             _closed(self._state)
 
     async def step(self) -> bytes:
+        """The next batch of the hub's stream as its SSE frames (after what the first step read);
+        ``data`` is the stored JSON, neither decoded nor re-encoded (the ``event:`` name is read
+        from it alone: :meth:`StoredEvent.types_of`). ``b""``: nothing queued (live and idle), or
+        the stream failed."""
         if self._pending:
             chunk, self._pending = self._pending, b""
             return chunk
         if self._done:
             raise StopAsyncIteration
-        return await self._advance()
+        assert self._stream is not None
+        try:
+            batch = await self._stream.__anext__()
+        except StopAsyncIteration:
+            # A durable stream ends by itself only after its conversation's Deleted.
+            self._done = True
+            return ended_frame("deleted")
+        except OutboxGapError as exc:
+            self._done = True
+            return gap_frame(exc)
+        except Exception:
+            log.exception("event stream after %s failed", self._after)
+            self._done = True
+            return b""
+        if not batch:
+            return b""
+        prefix = self._prefix
+        return b"".join([
+            frame(ev.raw, _tag_name(tag), prefix + str(ev.offset).encode())
+            for ev, tag in zip(batch, StoredEvent.types_of(batch), strict=True)
+        ])
 
     async def catch_up(self, write: Callable[[bytes], Awaitable[bool]]) -> bool:
         """A backlog (the first step read events) is replayed by a pump task, so the next page
@@ -143,34 +169,7 @@ class EventStream(WakeBody):
                 await send.send(chunk)
                 if self._done:
                     return
-                chunk = await self._advance()  # b"": nothing queued (live and idle), or failed
-
-    async def _advance(self) -> bytes:
-        assert self._stream is not None
-        try:
-            batch = await self._stream.__anext__()
-        except StopAsyncIteration:
-            # A durable stream ends by itself only after its conversation's Deleted.
-            self._done = True
-            return ended_frame("deleted")
-        except OutboxGapError as exc:
-            self._done = True
-            return gap_frame(exc)
-        except Exception:
-            log.exception("event stream after %s failed", self._after)
-            self._done = True
-            return b""
-        return durable_frames(self._after.epoch, batch) if batch else b""
-
-
-def durable_frames(epoch: str, batch: list[StoredEvent]) -> bytes:
-    """SSE frames of a batch of stored events; ``data`` is the stored JSON, neither decoded nor
-    re-encoded (the ``event:`` name is read from it alone: :meth:`StoredEvent.types_of`)."""
-    prefix = epoch.encode() + b":"
-    return b"".join([
-        frame(ev.raw, _tag_name(tag), prefix + str(ev.offset).encode())
-        for ev, tag in zip(batch, StoredEvent.types_of(batch), strict=True)
-    ])
+                chunk = await self.step()  # b"": nothing queued (live and idle), or failed
 
 
 def gap_frame(exc: OutboxGapError) -> bytes:

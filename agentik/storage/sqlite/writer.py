@@ -108,17 +108,22 @@ class Writer:
         """Apply ``batch`` in one transaction. Raises StorageError if nothing was committed."""
         conn = self.conn
         now = self.clock()
+        target = self._target  # the batch's state, the one target's from now on
         try:
             conn.execute("BEGIN IMMEDIATE")
-            applied = self._apply(batch, now)
-            if applied is None:
+            tx = target.tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
+            target.now = now
+            try:
+                # Every op with no SAVEPOINT: a SAVEPOINT per op is what made a batch slow (each
+                # copies every page its op touches to the statement journal first).
+                results = apply_all(target, batch)
+            except AgentikError:
                 # An op was refused after it may have written rows: start the batch over, each op
                 # in its own SAVEPOINT this time (the ops are deterministic given the database and
                 # ``now``, so the ops before the refused one do again what they did).
                 conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
-                applied = self._apply_each_in_savepoint(batch, now)
-            tx, results = applied
+                tx, results = self._apply_each_in_savepoint(batch, now)
             write_rows(conn, tx)
             write_seqs(conn, tx)
             if tx.events:
@@ -140,18 +145,6 @@ class Writer:
         self.next_seq = tx.next_seq
         self.oldest, self._oldest_time = oldest, oldest_time
         return BatchResult(results, tx.events, self.oldest, self.next_seq - 1)
-
-    def _apply(self, batch: list[ops.AnyOp], now: float) -> tuple[Tx, list[Any]] | None:
-        """Apply every op of ``batch`` with no SAVEPOINT, or return None at the first refused one
-        (whose rows may then be in the transaction). A SAVEPOINT per op is what made the batch
-        slow: each copies every page its op touches to the statement journal first."""
-        target = self._target  # the batch's state, the one target's from now on
-        tx = target.tx = Tx(epoch=self.epoch, next_seq=self.next_seq, now=now)
-        target.now = now
-        try:
-            return tx, apply_all(target, batch)
-        except AgentikError:
-            return None
 
     def _apply_each_in_savepoint(self, batch: list[ops.AnyOp], now: float) -> tuple[Tx, list[Any]]:
         """Apply ``batch`` with each op in its own SAVEPOINT: a refused op (AgentikError) is
