@@ -1,7 +1,10 @@
 """Commands for a conversation owned by another node (PostgreSQL cluster, docs/SCALEOUT.md) go to the
 owner: the node that received them forwards them over HTTP to the base URL the owner advertises
-(``AGENTIK_NODE_URL``), with this cluster's first bearer token. The owner answers as if the
-client had called it, errors included (404, 409, 429, ... come back as the same AgentikError).
+(``AGENTIK_NODE_URL``), with the caller's own bearer token (:data:`caller_token`, set by the front
+door that authenticated the request), else this cluster's first ``AGENTIK_TOKENS`` token. The owner
+answers as if the client had called it, errors included (404, 409, 429, ... come back as the same
+AgentikError). Forwarding the caller's token is what lets a cluster whose users come from a users
+file or JWTs run without a shared token: every node checks the same token the same way.
 
 :class:`Peers` keeps one client (one connection pool) per owner address for the runtime's life,
 so a forwarded command reuses a kept-alive connection instead of opening one per call; the
@@ -9,8 +12,11 @@ runtime closes them at shutdown (``Peers.aclose``)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeVar
+
+import httpx2
 
 from agentik import metrics
 from agentik.errors import AgentikConnectionError, NotOwnerError, RuntimeClosedError
@@ -20,6 +26,24 @@ if TYPE_CHECKING:
     from agentik.config import Config
 
 T = TypeVar("T")
+
+#: the bearer token of the request this task serves (None: no token, or not a request). A task
+#: the request spawns inherits it, so a WebSocket's commands carry the socket's token.
+caller_token: ContextVar[str | None] = ContextVar("agentik_caller_token", default=None)
+
+
+class CallerAuth(httpx2.Auth):
+    """Each forwarded request's ``Authorization``: the caller's token when there is one (the owner
+    then sees the same principal, limits and idempotency scope), else ``shared``."""
+
+    def __init__(self, shared: str | None) -> None:
+        self.shared = shared
+
+    def auth_flow(self, request: httpx2.Request) -> Generator[httpx2.Request, httpx2.Response, None]:
+        token = caller_token.get() or self.shared
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        yield request
 
 
 class Peers:
@@ -45,7 +69,7 @@ class Peers:
             else:
                 from agentik.client.http import AgentikAgent
 
-                owner = AgentikAgent(name, addr, token)
+                owner = AgentikAgent(name, addr, auth=CallerAuth(token))
             self._clients[addr] = owner
         return owner
 

@@ -78,7 +78,9 @@ class AgentikAgent:
 
     ``timeout`` bounds each plain request; ``stream_read_timeout`` bounds silence on an event
     stream (the server sends a heartbeat every 15 s, so a longer silence means a dead link and
-    ends the stream with AgentikConnectionError). ``transport`` is for tests.
+    ends the stream with AgentikConnectionError). ``transport`` is for tests; ``auth`` (an
+    ``httpx2.Auth``) sets each request's credentials instead of ``token`` (a cluster node
+    forwarding a command as its caller, ``agentik.cluster``).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class AgentikAgent:
         stream_read_timeout: float | None = 45.0,
         transport: httpx2.AsyncBaseTransport | None = None,
         write_retries: int = 2,
+        auth: httpx2.Auth | None = None,
     ) -> None:
         self.client_id = id
         self.base_url = _api_root(base_url)
@@ -101,6 +104,7 @@ class AgentikAgent:
         self._stream_timeout = httpx2.Timeout(timeout, read=stream_read_timeout)
         self._http = httpx2.AsyncClient(
             base_url=self.base_url, headers=headers, timeout=self._timeout, transport=transport,
+            auth=auth,
             # Streams are long-lived; don't let a pool limit make the N+1st wait forever.
             limits=httpx2.Limits(max_connections=None, max_keepalive_connections=20),
         )

@@ -198,7 +198,7 @@ async def _before_request() -> Response | None:
         g.agentik_principal = SHARED_ADMIN  # auth off: as the started app would say
         return None
     try:
-        who = await st.authenticator.principal(
+        who = await st.authenticator.caller(
             request.headers.get("Authorization"), request.args.get("access_token"),
             allow_query=request.endpoint in auth.QUERY_TOKEN_ENDPOINTS,
         )

@@ -10,6 +10,7 @@ import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agentik.cluster import caller_token
 from agentik.config import Config
 from agentik.errors import ForbiddenError, UnauthorizedError
 from agentik.users import SHARED_ADMIN, Principal, Users, load_users
@@ -65,6 +66,16 @@ class Authenticator:
                 role_claim=config.jwt_role_claim)
             await verifier.load()
         return cls(tokens=config.tokens, users=users, jwt=verifier)
+
+    async def caller(
+        self, authorization: str | None, access_token: str | None, *, allow_query: bool
+    ) -> Principal:
+        """:meth:`principal` for a request that may reach the Agent API: its token is also
+        remembered for this task (and those it starts), so a command forwarded to another
+        cluster node goes as this caller (``agentik.cluster.caller_token``)."""
+        who = await self.principal(authorization, access_token, allow_query=allow_query)
+        caller_token.set(token_from(authorization, access_token, allow_query=allow_query))
+        return who
 
     async def principal(
         self, authorization: str | None, access_token: str | None, *, allow_query: bool

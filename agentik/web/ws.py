@@ -375,7 +375,7 @@ async def ws() -> Response | None:
             agent = st.require_agent()
             if st.authenticator is None:
                 raise RuntimeClosedError("the runtime is not running")
-            who = await st.authenticator.principal(
+            who = await st.authenticator.caller(
                 websocket.headers.get("Authorization"), websocket.args.get("access_token"),
                 allow_query=True,
             )
