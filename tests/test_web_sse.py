@@ -19,7 +19,7 @@ import trio
 from agentik.parking import PARK, PARK_MAX, current_parking
 from agentik.sse import BUSY_CHECK, WakeBody, serve_body
 from agentik.sse import frame as sse_frame
-from agentik.storage.hub import EventHub
+from agentik.storage.hub import REPLAY_PAGE, EventHub
 from agentik.storage.types import StoredEvent
 from agentik.tools.base import FunctionTools
 from agentik.web.app import WebState
@@ -417,6 +417,27 @@ async def test_many_events_arrive_batched(client: httpx2.AsyncClient, server: Se
         with trio.fail_after(10):
             frames = await stream.take(60)
     assert check_durable(frames, server.agent.id) == list(range(2, 62))
+
+
+async def test_a_catch_up_longer_than_a_page_arrives_whole(
+    client: httpx2.AsyncClient, server: Server
+) -> None:
+    """A replay of more stored events than two outbox pages (``REPLAY_PAGE``): the first page is
+    read as the stream opens, the others by the pump (``EventStream.catch_up``) one step at a
+    time; every event arrives once, in order, and the stream goes on live after them."""
+    cid = await create(client)
+    start = (await client.get("/agentik/cursor")).json()["current"]
+    n = 2 * REPLAY_PAGE + 100
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(server.agent.rename_conversation, cid, f"t{i}")
+    async with open_sse(client, "/agentik/events", after=start) as stream:
+        with trio.fail_after(30):
+            frames = await stream.take(n)
+            await rename(client, cid, "live")
+            frames.append(await stream.next_event())
+    assert check_durable(frames, server.agent.id) == list(range(2, n + 3))
+    assert frames[-1].json()["event"]["title"] == "live"
 
 
 @pytest.mark.sqlite_only  # PostgreSQL's rows are stamped with their offset on read
