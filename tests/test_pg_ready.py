@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import trio
 
-from agentik.errors import StorageError
+from agentik.errors import LeaseLostError, StorageError
 from agentik.storage.engine import is_transient
 from tests.conftest import PG_BASE_URL
 from tests.scripted_openai import Reply, ScriptedOpenAI
@@ -211,6 +211,43 @@ async def test_a_node_whose_heartbeat_hangs_stops_its_actors_and_is_not_ready(
         assert not srv.fatal
     finally:
         locker.close()
+
+
+async def test_a_heartbeat_that_hung_past_the_stop_bound_does_not_make_the_node_healthy(
+    pg_url: str
+) -> None:
+    """A heartbeat answered after STOP_AFTER x TTL renewed the lease only from when it was sent
+    (now() is its transaction's start): the node, whose watchdog stopped its actors meanwhile,
+    stays unhealthy (it claims nothing) until a prompt heartbeat. Were it healthy at once, it
+    took a conversation that the watchdog's next look stopped: an accepted turn cancelled."""
+    from agentik.storage.pg.lease import STOP_AFTER, Leases
+    from agentik.storage.pg.writer import PgWriter
+
+    PgWriter(pg_url, outbox_cap=1000, outbox_ttl=3600.0).close()  # the schema
+    schema = pg_url.rsplit("%3D", 1)[1]
+    leases = Leases(pg_url, node_id="a", ttl=1.0, addr=None)
+    locker = psycopg.connect(PG_BASE_URL)
+    try:
+        with trio.fail_after(20):
+            await leases._heartbeat()
+            assert leases.healthy
+            locker.execute(f"SELECT 1 FROM {schema}.nodes FOR UPDATE")  # type: ignore[arg-type]
+            leases.healthy = False  # what the watchdog does once the heartbeat hangs too long
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(leases._heartbeat)
+                await trio.sleep(STOP_AFTER * leases.ttl + 0.2)  # the lock held past the bound
+                locker.rollback()
+            assert leases.stats["heartbeats"] == 2  # it was answered, late
+            assert not leases.healthy
+            with pytest.raises(LeaseLostError):
+                await leases.claim("c")
+            await leases._heartbeat()  # prompt
+            assert leases.healthy
+    finally:
+        locker.close()
+        for _, box in leases._lines.values():
+            if box[0] is not None:
+                box[0].close()
 
 
 async def test_a_revoked_write_privilege_is_transient_until_granted_back(

@@ -165,7 +165,13 @@ class Leases:
         )
         self._last_ok = sent
         metrics.CLUSTER_HEARTBEAT.set(sent_at)
-        self.healthy, self.heartbeat_error = True, None
+        self.heartbeat_error = None
+        # A heartbeat that hung past the stop bound renewed the lease only from when it was sent
+        # (now() is its transaction's start), so it is as stale as the watchdog says: were the
+        # node healthy again, it would take a conversation that the watchdog's next look stops
+        # (an accepted turn cancelled). The next, prompt heartbeat makes it healthy.
+        if trio.current_time() - sent <= STOP_AFTER * self.ttl:
+            self.healthy = True
         self.stats["heartbeats"] += 1
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
