@@ -22,6 +22,11 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 #: what a send does when the conversation is running a turn (docs/PROTOCOL.md ``on_busy``)
 BUSY_POLICIES = ("queue", "reject", "interrupt")
 
+#: which tool calls wait for a person's approval (docs/AGENTS.md ``approval``): every one, none,
+#: or those whose name (as the model sees it) matches one of the glob patterns
+Approval = str | tuple[str, ...]
+APPROVAL_WORDS = ("always", "never")
+
 
 #: ``AGENTIK_DB_TIMEOUT``'s default, seconds (here, not in the PostgreSQL modules: SQLite uses it
 #: too, and the bare install has no psycopg)
@@ -104,6 +109,12 @@ class Config:
     cors_origins: tuple[str, ...] = ()
     #: what a send to a conversation with a running turn does unless it says: queue, reject, interrupt
     busy_policy: str = "queue"
+    #: the tool calls that wait for a person's approval: "always", "never" or glob patterns
+    approval: Approval = "never"
+    #: seconds a paused turn waits for an answer before it is denied (0: for ever)
+    approval_timeout: float = 0.0
+    #: agents get the built-in ``ask_user`` tool (a question to the person, mid-turn)
+    ask_user: bool = False
     #: seconds an Idempotency-Key is remembered
     idempotency_ttl: float = 24 * 3600.0
     #: server log lines: text (default) or json (one object a line)
@@ -205,6 +216,9 @@ class Config:
         get("AGENTIK_AGENT_DESCRIPTION", "agent_description", v.line)
         get("AGENTIK_CORS_ORIGINS", "cors_origins", v.origins)
         get("AGENTIK_BUSY_POLICY", "busy_policy", v.choice(*BUSY_POLICIES))
+        get("AGENTIK_APPROVAL", "approval", approval)
+        get("AGENTIK_APPROVAL_TIMEOUT", "approval_timeout", v.seconds_or_zero)
+        get("AGENTIK_ASK_USER", "ask_user", _flag)
         get("AGENTIK_IDEMPOTENCY_TTL", "idempotency_ttl", v.seconds)
         get("AGENTIK_LOG_FORMAT", "log_format", v.choice("text", "json"))
         get("OTEL_EXPORTER_OTLP_ENDPOINT", "trace_endpoint", _traces_url)
@@ -249,6 +263,20 @@ class Config:
 def _traces_url(raw: str) -> str:
     # OTLP/HTTP's rule: the base endpoint's traces are sent to its /v1/traces
     return v.url(raw).rstrip("/") + "/v1/traces"
+
+
+def approval(raw: str) -> Approval:
+    """``always``, ``never``, or comma-separated glob patterns over tool names."""
+    text = raw.strip()
+    if text.lower() in APPROVAL_WORDS:
+        return text.lower()
+    patterns = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    if not patterns:
+        raise ValueError("must be always, never or comma-separated tool name patterns")
+    for pattern in patterns:
+        if not pattern.isprintable():
+            raise ValueError("a pattern must be printable text (no control characters)")
+    return patterns
 
 
 def _flag(raw: str) -> bool:

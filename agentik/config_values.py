@@ -74,6 +74,17 @@ def seconds_up_to(high: float) -> Callable[[str], float]:
 
 
 seconds = seconds_up_to(SECONDS_MAX)
+
+
+def seconds_or_zero(raw: str) -> float:
+    """:data:`seconds`, or 0 (a wait without a limit)."""
+    text = raw.strip()
+    if _DECIMAL.fullmatch(text) and float(text) == 0:
+        return 0.0
+    try:
+        return seconds(raw)
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or 0 (no limit)") from None
 db_seconds = seconds_up_to(DB_SECONDS_MAX)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentik.config import BUSY_POLICIES, Config
+from agentik.config import APPROVAL_WORDS, BUSY_POLICIES, Approval, Config
 from agentik.errors import ConfigError, NotFoundError
 
 #: the variable naming the agents file
@@ -35,8 +35,10 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _FIELDS = frozenset({
     "name", "description", "instructions", "backend", "base_url", "api_key_env", "model",
     "model_path", "max_output_tokens", "temperature", "context_window", "mcp_servers", "tools",
-    "default", "busy_policy",
+    "default", "busy_policy", "approval", "approval_timeout", "ask_user",
 })
+#: the name of the built-in tool that asks the person a question (``ask_user = true``)
+ASK_USER = "ask_user"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,6 +61,15 @@ class Profile:
     mcp_servers: tuple[str, ...] | None = None
     tools: tuple[str, ...] | None = None
     busy_policy: str = "queue"
+    #: which calls wait for a person's approval (:func:`needs_approval`)
+    approval: Approval = "never"
+    #: seconds a paused turn waits for its answer (0: for ever)
+    approval_timeout: float = 0.0
+    #: the model may ask the person a question (the built-in ``ask_user`` tool)
+    ask_user: bool = False
+
+    def needs_approval(self, tool: str) -> bool:
+        return needs_approval(self.approval, tool)
 
     def llm_config(self, base: Config) -> Config:
         """``base`` with this agent's backend settings: what its backend is made from. Agents
@@ -105,6 +116,17 @@ class Profiles:
         raise NotFoundError(f"agent {wanted!r} not found; the agents are: {', '.join(self.ids)}")
 
 
+def needs_approval(approval: Approval, tool: str) -> bool:
+    """Whether a call of ``tool`` (its full name as the model sees it, ``server__tool``) waits
+    for a person's approval under the policy ``approval``. The built-in ``ask_user`` never does:
+    it is a question to that person already."""
+    if tool == ASK_USER and approval != "always":
+        return False
+    if isinstance(approval, str):
+        return approval == "always"
+    return any(fnmatch.fnmatchcase(tool, pattern) for pattern in approval)
+
+
 class AgentsFileError(ConfigError):
     """The agents file has mistakes: ``problems`` holds one line each (agent, field, what)."""
 
@@ -126,7 +148,8 @@ def default_profile(config: Config) -> Profile:
         base_url=config.openai_base_url, api_key=config.openai_api_key, model=config.openai_model,
         model_path=config.litert_model_path, max_output_tokens=backend_output,
         temperature=config.temperature, context_window=config.context_window,
-        busy_policy=config.busy_policy,
+        busy_policy=config.busy_policy, approval=config.approval,
+        approval_timeout=config.approval_timeout, ask_user=config.ask_user,
     )
 
 
@@ -276,6 +299,11 @@ def _profile(
     if busy not in BUSY_POLICIES:
         c.bad("busy_policy", f"{busy!r} is not one of {', '.join(BUSY_POLICIES)}")
     c.get(table, "default", bool, "true or false")
+    approval = _approval(c, table, config)
+    timeout = c.get(table, "approval_timeout", (int, float), "a number of seconds")
+    if timeout is not None and not (math.isfinite(timeout) and 0 <= timeout <= 365 * 24 * 3600):
+        c.bad("approval_timeout", f"must be 0 (for ever) to a year in seconds, got {timeout}")
+    ask_user = c.get(table, "ask_user", bool, "true or false")
     name, description = c.text(table, "name"), c.text(table, "description")
     instructions, model = c.text(table, "instructions"), c.text(table, "model")
     if not c.ok:
@@ -289,8 +317,23 @@ def _profile(
         max_output_tokens=max_output if max_output is not None else config.max_output_tokens,
         temperature=config.temperature if temperature is None else float(temperature),
         context_window=window if window is not None else config.context_window,
-        mcp_servers=servers, tools=patterns, busy_policy=busy,
+        mcp_servers=servers, tools=patterns, busy_policy=busy, approval=approval,
+        approval_timeout=config.approval_timeout if timeout is None else float(timeout),
+        ask_user=config.ask_user if ask_user is None else ask_user,
     )
+
+
+def _approval(c: _Checker, table: Mapping[str, Any], config: Config) -> Approval:
+    """The agent's ``approval``: "always", "never" or a list of patterns (else the setting)."""
+    value = table.get("approval")
+    if value is None:
+        return config.approval
+    if isinstance(value, str):
+        if value not in APPROVAL_WORDS:
+            c.bad("approval", f"{value!r} is not always or never (or a list of patterns)")
+        return value
+    patterns = c.names(table, "approval")
+    return patterns if patterns is not None else "never"
 
 
 def _toml_type(value: object) -> str:

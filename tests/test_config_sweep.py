@@ -45,6 +45,9 @@ SWEEP: dict[str, list[str] | None] = {
     "OPENAI_BASE_URL": URL_BAD, "AGENTIK_NODE_URL": URL_BAD,
     "OTEL_EXPORTER_OTLP_ENDPOINT": URL_BAD, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": URL_BAD,
     "AGENTIK_TRACE_CONTENT": ["yes", "true", "2", "on", " "],
+    "AGENTIK_ASK_USER": ["yes", "true", "2", "on", " "],
+    "AGENTIK_APPROVAL": [" ", " , ", "toolbox__*,a\x01b", "a\u2028b"],
+    "AGENTIK_APPROVAL_TIMEOUT": [b for b in SECONDS_BAD if b != "0"],
     "OPENAI_API_KEY": TOKEN_BAD, "AGENTIK_TOKENS": [*TOKEN_BAD, " , ", "good,bad one"],
     "OPENAI_MODEL": LINE_BAD, "AGENTIK_AGENT_NAME": LINE_BAD, "AGENTIK_AGENT_DESCRIPTION": LINE_BAD,
     "AGENTIK_NODE_ID": LINE_BAD, "AGENTIK_JWT_ROLE_CLAIM": LINE_BAD,
@@ -87,6 +90,10 @@ GOOD: list[tuple[str, str, Any]] = [
      ("https://a.example", "http://[::1]:3000", "http://b.example:8080")),
     ("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1", "http://127.0.0.1:11434/v1"),
     ("AGENTIK_NODE_URL", "HTTPS://node-1.internal", "HTTPS://node-1.internal"),
+    ("AGENTIK_APPROVAL", " Always ", "always"), ("AGENTIK_APPROVAL", "never", "never"),
+    ("AGENTIK_APPROVAL", "toolbox__delete_*, *__send", ("toolbox__delete_*", "*__send")),
+    ("AGENTIK_APPROVAL_TIMEOUT", "0", 0.0), ("AGENTIK_APPROVAL_TIMEOUT", "0.0", 0.0),
+    ("AGENTIK_APPROVAL_TIMEOUT", "300", 300.0), ("AGENTIK_ASK_USER", "1", True),
 ]
 
 

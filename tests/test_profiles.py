@@ -12,7 +12,7 @@ import trio
 
 from agentik.config import Config
 from agentik.errors import NotFoundError
-from agentik.profiles import AgentsFileError, Profiles, parse_profiles, single
+from agentik.profiles import AgentsFileError, Profiles, needs_approval, parse_profiles, single
 from tests.test_web_lifespan import env_for, spawn
 
 BASE = Config(openai_base_url="http://127.0.0.1:1/v1", openai_api_key="base-key",
@@ -125,6 +125,15 @@ def test_the_first_agent_is_the_default_unless_one_says() -> None:
      "agent 'a': field 'api_key_env': the variable 'NOT_SET' is not set"),
     ('[agents.a]\nbusy_policy = "drop"\n', "agent 'a': field 'busy_policy': 'drop' is not one of"),
     ('[agents.a]\nmodle = "x"\n', "agent 'a': field 'modle': unknown field"),
+    ('[agents.a]\napproval = "sometimes"\n',
+     "agent 'a': field 'approval': 'sometimes' is not always or never"),
+    ('[agents.a]\napproval = [""]\n', "agent 'a': field 'approval': must be a list of non-empty"),
+    ('[agents.a]\napproval = true\n', "agent 'a': field 'approval': must be a list of strings"),
+    ('[agents.a]\napproval_timeout = -1\n',
+     "agent 'a': field 'approval_timeout': must be 0 (for ever) to a year"),
+    ('[agents.a]\napproval_timeout = "5"\n',
+     "agent 'a': field 'approval_timeout': must be a number of seconds, got a string"),
+    ('[agents.a]\nask_user = 1\n', "agent 'a': field 'ask_user': must be true or false"),
     ('[agents.a]\nmodel_path = "m.litertlm"\n',
      "agent 'a': field 'model_path': only the litert backend takes a model file"),
     ('[agents."a b"]\n', "agent 'a b': an agent id is 1-64 letters"),
@@ -172,3 +181,25 @@ async def test_serve_stops_on_a_bad_agents_file_one_line_a_mistake(tmp_path: Pat
         "agentik: bad configuration: AGENTIK_AGENTS: agent 'coder': field 'mcp_servers': "
         "'toolbox': no MCP server is configured (AGENTIK_MCP_CONFIG)",
     ], p.output
+
+
+def test_approval_policy_of_an_agent_and_of_the_settings() -> None:
+    """Issue 30: ``approval`` globs over the full tool name as the model sees it; unset fields take
+    AGENTIK_APPROVAL, AGENTIK_APPROVAL_TIMEOUT and AGENTIK_ASK_USER."""
+    base = BASE.replace(approval=("*__send",), approval_timeout=30.0, ask_user=True)
+    profiles = parse_profiles(
+        '[agents.a]\napproval = ["toolbox__delete_*"]\napproval_timeout = 300\nask_user = false\n'
+        '[agents.b]\napproval = "always"\n[agents.c]\n',
+        base, mcp_servers=None, env={}, is_file=lambda p: False, base_dir=Path("/agents"))
+    a, b, c = profiles.get("a"), profiles.get("b"), profiles.get("c")
+    assert (a.approval, a.approval_timeout, a.ask_user) == (("toolbox__delete_*",), 300.0, False)
+    assert a.needs_approval("toolbox__delete_file") and not a.needs_approval("toolbox__list")
+    assert not a.needs_approval("other__delete_file")  # the whole name is matched
+    assert b.needs_approval("toolbox__list") and b.needs_approval("ask_user")
+    assert (c.approval, c.approval_timeout, c.ask_user) == (("*__send",), 30.0, True)
+    assert c.needs_approval("mail__send") and not c.needs_approval("mail__sender")
+    default = single(base).get(None)
+    assert (default.approval, default.approval_timeout, default.ask_user) == (
+        ("*__send",), 30.0, True)
+    assert not needs_approval("never", "toolbox__delete_file")
+    assert not needs_approval(("*",), "ask_user")  # the question is to the person already
