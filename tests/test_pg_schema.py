@@ -76,5 +76,14 @@ def test_version_4_schema_upgrades_keeping_rows_and_the_ttl_trim(pg_url: str) ->
         assert q('SELECT min("offset") FROM outbox').fetchone() == (recovered + 1,)
         assert q('SELECT "offset" FROM outbox_mark').fetchall() == [(recovered + 1,)]
         assert w.oldest == recovered + 1
+        # v8: no webhook subscriptions yet; one is stored with its progress and its log
+        assert q("SELECT count(*) FROM webhook").fetchone() == (0,)
+        spec = ops.WebhookSpec(id="h", url="http://127.0.0.1:9/", events=("turn.failed",),
+                               secret="whsec_AAAA")
+        line = ops.WebhookAttempt(offset=1, type="turn.failed", attempt=1, outcome="failed")
+        assert w.commit_batch([ops.PutWebhook(spec=spec, after=0), ops.WebhookProgress(
+            webhook_id="h", after=0, attempts=1, log=(line,))]).results == [True, True]
+        assert q('SELECT "after", attempts FROM webhook').fetchone() == (0, 1)
+        assert q("SELECT count(*) FROM webhook_delivery").fetchone() == (1,)
     finally:
         w.close()

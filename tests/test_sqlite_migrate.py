@@ -88,6 +88,15 @@ def test_a_version_4_file_is_brought_over_whole(tmp_path: Path) -> None:
         assert closed == ["m1"]
         assert [t for t, _ in queued_turns(conn, "c1")] == ["m2", "m4"]
         assert [t for t, _ in queued_turns(conn, "c2")] == ["m3"]
+        # v8: no webhook subscriptions yet; one is stored with its progress and its log
+        assert conn.execute("SELECT count(*) FROM webhook").fetchone() == (0,)
+        spec = ops.WebhookSpec(id="h", url="http://127.0.0.1:9/", events=("turn.failed",),
+                               secret="whsec_AAAA")
+        line = ops.WebhookAttempt(offset=1, type="turn.failed", attempt=1, outcome="failed")
+        assert w.commit_batch([ops.PutWebhook(spec=spec, after=0), ops.WebhookProgress(
+            webhook_id="h", after=0, attempts=1, log=(line,))]).results == [True, True]
+        assert conn.execute('SELECT "after", attempts FROM webhook').fetchone() == (0, 1)
+        assert conn.execute("SELECT count(*) FROM webhook_delivery").fetchone() == (1,)
     finally:
         w.close()
     w = Writer(path, synchronous="OFF", outbox_cap=1000, outbox_ttl=10.0, clock=lambda: now[0])

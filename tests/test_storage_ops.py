@@ -556,6 +556,97 @@ async def _put_task_chunk(st: Storage) -> None:
     assert row is not None and (row.payload, row.seq) == (b'{"v":2}', last)
 
 
+# --- webhooks (docs/WEBHOOKS.md) -----------------------------------------------------------------
+
+HOOK = ops.WebhookSpec(id="h", url="http://127.0.0.1:9/in", events=("turn.completed",),
+                       secret="whsec_AAAA")
+
+
+@case(ops.PutWebhook, "spec", "after", "replace")
+async def _put_webhook(st: Storage) -> None:
+    """A new subscription starts after ``after``; the same id again changes nothing unless
+    ``replace`` (its definition then, never its progress)."""
+    spec = msgspec.structs.replace(
+        HOOK, events=("turn.completed", "turn.failed"), agent="a", conversation_id="c",
+        task_id="t", source="a2a", config=b'{"id":"h"}')
+    assert await st.write(ops.PutWebhook(spec=spec, after=7)) is True
+    row = await st.reader.get_webhook("h")
+    assert row is not None and (row.spec, row.after, row.attempts, row.failing_since) == (
+        spec, 7, 0, None)
+    assert row.created_at > 0
+    other = msgspec.structs.replace(spec, url="http://127.0.0.1:9/other", events=("x",))
+    assert await st.write(ops.PutWebhook(spec=other, after=0)) is False
+    row = await st.reader.get_webhook("h")
+    assert row is not None and (row.spec, row.after) == (spec, 7)
+    await st.write(ops.WebhookProgress(webhook_id="h", after=9))
+    assert await st.write(ops.PutWebhook(spec=other, after=0, replace=True)) is False
+    row = await st.reader.get_webhook("h")
+    assert row is not None and (row.spec, row.after) == (other, 9)
+    assert [r.spec.id for r in await st.reader.webhooks()] == ["h"]
+    assert [r.spec.id for r in await st.reader.webhooks("t")] == ["h"]
+    assert await st.reader.webhooks("t2") == []
+    with pytest.raises(InvalidInputError):
+        await st.write(ops.PutWebhook(spec=msgspec.structs.replace(spec, id="x\x00"), after=0))
+
+
+@case(ops.DeleteWebhook, "webhook_id")
+async def _delete_webhook(st: Storage) -> None:
+    await st.write(ops.PutWebhook(spec=HOOK, after=0))
+    await st.write(ops.PutWebhook(spec=msgspec.structs.replace(HOOK, id="k"), after=0))
+    line = ops.WebhookAttempt(offset=1, type="turn.completed", attempt=1, outcome="delivered")
+    await st.write(ops.WebhookProgress(webhook_id="h", after=1, log=(line,)))
+    assert await st.write(ops.DeleteWebhook(webhook_id="h")) is True
+    assert await st.write(ops.DeleteWebhook(webhook_id="h")) is False
+    assert await st.reader.get_webhook("h") is None
+    assert await st.reader.webhook_deliveries("h", 10) == []
+    assert [r.spec.id for r in await st.reader.webhooks()] == ["k"]
+    assert await st.write(ops.WebhookProgress(webhook_id="h", after=2)) is False
+
+
+@case(ops.WebhookProgress, "webhook_id", "after", "attempts", "retry_in")
+async def _webhook_progress(st: Storage) -> None:
+    """Progress: its cursor, its failed attempts, the next one ``retry_in`` after the write (the
+    writer's clock), failing since its first failure; back to none once delivered."""
+    await st.write(ops.PutWebhook(spec=HOOK, after=0))
+    before = time.time()
+    assert await st.write(ops.WebhookProgress(webhook_id="h", after=3, attempts=1,
+                                              retry_in=100.0)) is True
+    row = await st.reader.get_webhook("h")
+    assert row is not None and (row.after, row.attempts) == (3, 1)
+    assert row.failing_since is not None and before - 1 <= row.failing_since <= time.time()
+    assert row.failing_since + 99 <= row.next_at <= time.time() + 101
+    since = row.failing_since
+    await st.write(ops.WebhookProgress(webhook_id="h", after=3, attempts=2, retry_in=0.0))
+    row = await st.reader.get_webhook("h")
+    assert row is not None and (row.attempts, row.failing_since) == (2, since)
+    assert row.next_at <= time.time()
+    await st.write(ops.WebhookProgress(webhook_id="h", after=4))
+    row = await st.reader.get_webhook("h")
+    assert row is not None and (row.after, row.attempts, row.failing_since) == (4, 0, None)
+
+
+@case(ops.WebhookProgress, "log")
+async def _webhook_log(st: Storage) -> None:
+    """The log keeps its newest lines, newest first, each subscription its own."""
+    await st.write(ops.PutWebhook(spec=HOOK, after=0))
+    await st.write(ops.PutWebhook(spec=msgspec.structs.replace(HOOK, id="k"), after=0))
+    lines = [ops.WebhookAttempt(offset=i, type="turn.failed", attempt=1, outcome="failed",
+                                status=503, error="down") for i in range(1, 151)]
+    await st.write(ops.WebhookProgress(webhook_id="k", after=0, log=(lines[0],)))
+    for i in range(0, 150, 50):
+        await st.write(ops.WebhookProgress(webhook_id="h", after=i, log=tuple(lines[i:i + 50])))
+    await st.write(ops.WebhookProgress(webhook_id="h", after=150, log=tuple(lines[:100])))
+    await st.write(ops.WebhookProgress(webhook_id="h", after=150, log=(lines[-1],)))
+    got = await st.reader.webhook_deliveries("h", 1000)
+    # cut to the newest KEEP (PostgreSQL cuts what was stored before the write: one more)
+    assert ops.DELIVERY_LOG_KEEP <= len(got) <= ops.DELIVERY_LOG_KEEP + 1
+    assert [d.attempt for d in got[:101]] == [lines[-1], *lines[:100][::-1]]
+    assert [d.attempt for d in got[101:200]] == lines[51:150][::-1]
+    assert got[0].at > 0
+    assert [d.attempt for d in await st.reader.webhook_deliveries("k", 10)] == [lines[0]]
+    assert len(await st.reader.webhook_deliveries("h", 5)) == 5
+
+
 # --- the runs (after every case is registered) -----------------------------------------------
 
 

@@ -1,13 +1,14 @@
 """Each storage op, defined once for both engines: what it checks, reads and writes.
 
-An op is written against :class:`Target`, the primitives an engine provides inside one batch:
-checks and reads first (a refused op raises AgentikError before it writes anything: PostgreSQL
-plans a batch without savepoints, so a refusal must take nothing), then writes (an offset from
-``alloc``, a durable event from ``emit``, a journal record, working memory, turn rows, ...), then
-its result. SQLite (``sqlite/ops.py``) runs each primitive as SQL inside the batch transaction;
-PostgreSQL (``pg/plan_ops.py``) plans it into the rows of the batch's one statement. Adding an op
-or a field is a change here (and, for a new primitive, one method an engine: ``mypy`` refuses an
-engine that lacks it, ``tests/test_storage_ops.py`` runs every op on both engines).
+An op is written against :class:`Target` (``storage/target.py``), the primitives an engine
+provides inside one batch: checks and reads first (a refused op raises AgentikError before it
+writes anything: PostgreSQL plans a batch without savepoints, so a refusal must take nothing),
+then writes (an offset from ``alloc``, a durable event from ``emit``, a journal record, working
+memory, turn rows, ...), then its result. SQLite (``sqlite/ops.py``) runs each primitive as SQL
+inside the batch transaction; PostgreSQL (``pg/plan_ops.py``) plans it into the rows of the
+batch's one statement. Adding an op or a field is a change here (and, for a new primitive, one
+method an engine: ``mypy`` refuses an engine that lacks it, ``tests/test_storage_ops.py`` runs
+every op on both engines).
 
 ``Rec`` is how an engine hands back a journal record it wrote (SQLite: the record; PostgreSQL:
 its batch-relative offset, the record is made after commit); an op's result is such a record, a
@@ -18,27 +19,23 @@ PostgreSQL: what makes it from the batch's base offset).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import msgspec
 
 from agentik.errors import ConflictError, StorageError
 from agentik.ids import new_id
 from agentik.storage import ops
+from agentik.storage.target import Rec, Target
 from agentik.wire import (
-    AgentEvent,
     AssistantMessageEvent,
     CompactionTriggered,
     ConversationClosing,
-    ConversationRecord,
     Created,
     Deleted,
-    DurableEvent,
     Error,
     ErrorEvent,
     Interrupted,
-    Message,
-    MessageRecord,
     Renamed,
     SystemItem,
     TaskUpdated,
@@ -47,120 +44,7 @@ from agentik.wire import (
     ToolResultEvent,
     Touched,
     UserMessageEvent,
-    WorkingItem,
 )
-
-Rec = TypeVar("Rec")
-
-#: the events that carry a journal record (``Target.journal``)
-RecordEvent = (UserMessageEvent | AssistantMessageEvent | ToolCallEvent | ToolResultEvent
-               | ToolFailed | ErrorEvent)
-
-
-class Target(Protocol[Rec]):
-    """What an engine provides to the ops of one batch (see the module docstring)."""
-
-    #: the batch's time: every time it stores
-    now: float
-
-    # --- checks and reads -------------------------------------------------------------------
-
-    def require(self, conversation_id: str) -> None:
-        """NotFoundError unless the conversation exists (as the batch left it so far)."""
-
-    def exists(self, conversation_id: str) -> bool: ...
-
-    def idempotency(self, key: str) -> tuple[str, str] | None:
-        """(fingerprint, result id) stored under ``key`` and not expired, or None."""
-
-    def task_seq(self, task_id: str) -> int | str | None:
-        """The A2A task's stored seq (None: no such task), or why it cannot be compared."""
-
-    def open_turns(self, conversation_id: str | None) -> list[tuple[str, str]]:
-        """The running turns (conversation id, turn id) of live conversations, of one
-        conversation or of all, in the order they came (queued ones are not: ``recover_turns``)."""
-
-    def temporary(self) -> list[str]:
-        """The temporary conversations to purge (start-up)."""
-
-    def stored_records(self, ids: tuple[str, ...]) -> list[MessageRecord]:
-        """Those of the journal records ``ids`` already stored, in that order (a recheck)."""
-
-    def turn_open(self, conversation_id: str, turn_id: str) -> bool: ...
-
-    def started(self, conversation_id: str, turn_id: str) -> bool:
-        """Whether the turn's user item is in working memory (a recheck)."""
-
-    def compacted(self, op: ops.Compact) -> bool:
-        """Whether ``op`` is stored (a recheck: ``ops.compacted``)."""
-
-    # --- writes -------------------------------------------------------------------------------
-
-    def alloc(self) -> int:
-        """The next offset of the batch."""
-
-    def emit(self, seq: int, conversation_id: str | None,
-             event: DurableEvent | AgentEvent) -> None:
-        """The durable event at ``seq`` (its outbox kind from its class: ``types.kind_of``)."""
-
-    def journal(self, conversation_id: str, message_id: str, message: Message,
-                event: type[RecordEvent]) -> Rec:
-        """The message's record at the next offset, with its event; the conversation's seq
-        bumped to it. NotFoundError if the conversation does not exist: checked before the
-        offset is taken (the hot path needs no ``require`` of its own)."""
-
-    def new_conversation(self, op: ops.CreateConversation, seq: int) -> ConversationRecord:
-        """The conversation's row at ``seq``; its record as its Created event carries it."""
-
-    def rename(self, conversation_id: str, title: str | None, seq: int) -> None: ...
-
-    def bump(self, conversation_id: str, seq: int, *, touch: bool = False) -> None:
-        """The conversation's seq (and with ``touch`` its updated_at) set to ``seq``."""
-
-    def remember(self, conversation_id: str, item: WorkingItem, source: str | None) -> None:
-        """``item`` appended to working memory (``source``: the message it came from)."""
-
-    def forget(self, conversation_id: str, from_idx: int) -> None:
-        """The working-memory items with order_idx >= ``from_idx`` removed."""
-
-    def compact(self, conversation_id: str, before_idx: int, summary: WorkingItem | None) -> None:
-        """The items between the system prompt and ``before_idx`` replaced by ``summary``."""
-
-    def open_turn(self, conversation_id: str, turn_id: str, running: bool, user: Rec) -> None:
-        """The turn's row, at its user message's offset (``user``: its record)."""
-
-    def run_turn(self, conversation_id: str, turn_id: str) -> None: ...
-
-    def close_turn(self, conversation_id: str, turn_id: str) -> None: ...
-
-    def drop_turns(self, conversation_id: str | None) -> None:
-        """The running turns of one conversation or of all removed (after ``open_turns``), and
-        any turn of a conversation gone."""
-
-    def drop_conversation(self, conversation_id: str) -> None:
-        """The conversation's rows removed: journal, working memory, turns, A2A tasks."""
-
-    def put_task(self, op: ops.PutA2ATask, seq: int) -> None: ...
-
-    def keep_key(self, idem: ops.Idempotency, result_id: str) -> None:
-        """``idem`` stored with the write whose result is ``result_id``."""
-
-    def own(self, conversation_id: str, user: str) -> None:
-        """The conversation is ``user``'s (docs/USERS.md): kept after it is deleted."""
-
-    def count_tokens(self, conversation_id: str, tokens: int) -> None:
-        """``tokens`` added to the conversation's user's count of this UTC day (none: no
-        user)."""
-
-    # --- results ------------------------------------------------------------------------------
-
-    def value(self, value: object) -> object: ...
-
-    def conversation(self, conversation_id: str) -> object:
-        """The conversation's record as the op left it."""
-
-    def offset(self, seq: int) -> object: ...
-
 
 # --- shared steps --------------------------------------------------------------------------------
 
@@ -365,6 +249,24 @@ def put_a2a_task(t: Target[Rec], op: ops.PutA2ATask) -> object:
     return t.offset(seq)
 
 
+def put_webhook(t: Target[Rec], op: ops.PutWebhook) -> object:
+    if (new := not t.webhook_exists(op.spec.id)) or op.replace:
+        t.put_webhook(op, new)
+    return t.value(new)
+
+
+def delete_webhook(t: Target[Rec], op: ops.DeleteWebhook) -> object:
+    if found := t.webhook_exists(op.webhook_id):
+        t.drop_webhook(op.webhook_id)
+    return t.value(found)
+
+
+def webhook_progress(t: Target[Rec], op: ops.WebhookProgress) -> object:
+    if found := t.webhook_exists(op.webhook_id):  # (deleted while it was delivering: not)
+        t.webhook_progress(op)
+    return t.value(found)
+
+
 #: op type -> its definition: every member of ``ops.AnyOp`` (dispatched by exact type, a dict
 #: look-up: a ``match`` made an ``isinstance`` through msgspec's metaclass per case tried)
 APPLY: dict[type[Any], Callable[[Any, Any], Any]] = {
@@ -380,6 +282,9 @@ APPLY: dict[type[Any], Callable[[Any, Any], Any]] = {
     ops.RecoverTurns: recover_turns,
     ops.PurgeTemporary: purge_temporary,
     ops.PutA2ATask: put_a2a_task,
+    ops.PutWebhook: put_webhook,
+    ops.DeleteWebhook: delete_webhook,
+    ops.WebhookProgress: webhook_progress,
 }
 
 

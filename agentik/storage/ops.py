@@ -218,6 +218,70 @@ class PutA2ATask(Op[int], frozen=True, kw_only=True):
     chunk: bool = False
 
 
+class WebhookSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A webhook subscription as defined (docs/WEBHOOKS.md): where, which event types (the
+    webhook names, ``webhooks.EVENT_TYPES``), the optional filters, its ``whsec_`` secret, and
+    who made it: ``api`` (the admin routes), ``file`` (AGENTIK_WEBHOOKS) or ``a2a`` (an A2A push
+    notification config, ``config`` its JSON as the client gave it)."""
+
+    id: str
+    url: str
+    events: tuple[str, ...]
+    agent: str | None = None
+    conversation_id: str | None = None
+    #: an A2A push config's task: only that task's changes
+    task_id: str | None = None
+    secret: str
+    source: str = "api"
+    config: bytes | None = None
+
+
+class PutWebhook(Op[bool], frozen=True, kw_only=True):
+    """A subscription stored (table ``webhook``), its progress starting after offset ``after``
+    (events after it are its to deliver). True: it is new. An id already stored keeps its row
+    and its progress; with ``replace`` its definition is updated (the settings file at start-up)."""
+
+    spec: WebhookSpec
+    after: int
+    replace: bool = False
+
+
+class DeleteWebhook(Op[bool], frozen=True, kw_only=True):
+    """The subscription and its delivery log removed. True: it existed."""
+
+    webhook_id: str
+
+
+class WebhookAttempt(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of a subscription's delivery log: the event (its offset, its webhook type), the
+    attempt's number and outcome (``webhooks.OUTCOMES``), the receiver's status and the error."""
+
+    offset: int
+    type: str
+    attempt: int
+    outcome: str
+    status: int | None = None
+    error: str | None = None
+
+
+class WebhookProgress(Op[bool], frozen=True, kw_only=True):
+    """A subscription's delivery state: every event up to ``after`` is done (delivered, given up
+    or lost), the next one failed ``attempts`` times so far and is tried again ``retry_in``
+    seconds after this write (the writer's clock, so it survives a restart); ``log`` added to
+    its delivery log (the newest ``DELIVERY_LOG_KEEP`` kept). False: the subscription is gone
+    (nothing stored)."""
+
+    webhook_id: str
+    after: int
+    attempts: int = 0
+    retry_in: float = 0.0
+    log: tuple[WebhookAttempt, ...] = ()
+
+
+#: lines of a subscription's delivery log kept (older ones go as new ones come)
+DELIVERY_LOG_KEEP = 200
+
+
 AnyOp = (
     CreateConversation
     | DeleteConversation
@@ -231,6 +295,9 @@ AnyOp = (
     | RecoverTurns
     | PurgeTemporary
     | PutA2ATask
+    | PutWebhook
+    | DeleteWebhook
+    | WebhookProgress
 )
 
 
@@ -290,7 +357,8 @@ _CLIENT_TEXT: dict[type, tuple[str, ...]] = {
 _CLIENT_TEXT.update({CreateConversation: ("title",),
                      RenameConversation: ("conversation_id", "title"),
                      RecoverTurns: ("conversation_id",),
-                     PutA2ATask: ("task_id", "context_id", "conversation_id", "state")})
+                     PutA2ATask: ("task_id", "context_id", "conversation_id", "state"),
+                     DeleteWebhook: ("webhook_id",), WebhookProgress: ("webhook_id",)})
 
 
 def check_text(op: AnyOp) -> None:
@@ -302,6 +370,10 @@ def check_text(op: AnyOp) -> None:
         value = getattr(op, name)
         if value is not None and "\x00" in value:
             raise InvalidInputError(f"{name} must not contain a NUL character")
+    if type(op) is PutWebhook:
+        spec = op.spec
+        check_looked_up(spec.id, spec.url, spec.agent, spec.conversation_id, spec.task_id,
+                        *spec.events)
 
 
 def check_looked_up(*values: object) -> None:

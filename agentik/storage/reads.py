@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 from agentik.storage.ops import check_looked_up
-from agentik.storage.types import A2ATaskRow, StoredEvent
+from agentik.storage.types import A2ATaskRow, DeliveryRow, StoredEvent, WebhookRow
 from agentik.wire import ConversationRecord, Message, MessageRecord, WorkingItem
 
 C = TypeVar("C")
@@ -80,6 +80,13 @@ class Queries(Protocol[C_contra]):
     def journal_count_of(self, conn: C_contra, user: str, after_seq: int, /) -> int: ...
 
     def user_standing(self, conn: C_contra, user: str, day: str, /) -> tuple[int, int, int]: ...
+
+    def webhooks(self, conn: C_contra, task_id: str | None, /) -> list[WebhookRow]: ...
+
+    def get_webhook(self, conn: C_contra, webhook_id: str, /) -> WebhookRow | None: ...
+
+    def webhook_deliveries(self, conn: C_contra, webhook_id: str, limit: int, /
+                           ) -> list[DeliveryRow]: ...
 
 
 class Reads(ABC, Generic[C]):
@@ -190,6 +197,21 @@ class Reads(ABC, Generic[C]):
         """(conversations kept, turns accepted and not ended, model tokens on the UTC ``day``)."""
         check_looked_up(user)
         return await self._read(self.queries.user_standing, user, day)
+
+    # webhooks (docs/WEBHOOKS.md): subscriptions with their progress, their delivery logs
+
+    async def webhooks(self, task_id: str | None = None) -> list[WebhookRow]:
+        """Every subscription, or (``task_id``) the A2A push configs of one task."""
+        check_looked_up(task_id)
+        return await self._read(self.queries.webhooks, task_id)
+
+    async def get_webhook(self, webhook_id: str) -> WebhookRow | None:
+        check_looked_up(webhook_id)
+        return await self._read(self.queries.get_webhook, webhook_id)
+
+    async def webhook_deliveries(self, webhook_id: str, limit: int) -> list[DeliveryRow]:
+        check_looked_up(webhook_id)
+        return await self._read(self.queries.webhook_deliveries, webhook_id, limit)
 
     @abstractmethod
     def close(self) -> None: ...

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from agentik.errors import AgentikError
+from agentik.storage import ops
 from agentik.wire import (
     AgentEvent,
     CommonEvent,
@@ -134,3 +135,45 @@ class A2ATaskRow:
 def a2a_task_of(row: Sequence[Any]) -> A2ATaskRow:
     return A2ATaskRow(row[0], row[1], row[2], row[3], row[4], row[5], int(row[6]), int(row[7]),
                       bytes(row[8]))
+
+
+class WebhookRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A stored subscription (``ops.WebhookSpec``) with its progress (``ops.WebhookProgress``):
+    every event up to ``after`` is done; the next failed ``attempts`` times, the first of them at
+    ``failing_since``, and is tried again at ``next_at`` (the writer's clock)."""
+
+    spec: ops.WebhookSpec
+    created_at: float
+    after: int
+    attempts: int
+    next_at: float
+    failing_since: float | None
+
+
+class DeliveryRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A line of a subscription's delivery log (``ops.WebhookAttempt``) with its time."""
+
+    attempt: ops.WebhookAttempt
+    at: float
+
+
+#: a webhook row's columns, in the order :func:`webhook_of` reads them
+WEBHOOK_COLUMNS = ('id, url, events, agent, conversation_id, task_id, secret, source, config, '
+                   'created_at, "after", attempts, next_at, failing_since')
+#: a delivery log line's columns, in the order :func:`delivery_of` reads them
+DELIVERY_COLUMNS = '"offset", type, attempt, outcome, status, error, at'
+
+
+def webhook_of(row: Sequence[Any]) -> WebhookRow:
+    spec = ops.WebhookSpec(
+        id=row[0], url=row[1], events=tuple(row[2].split(",")) if row[2] else (), agent=row[3],
+        conversation_id=row[4], task_id=row[5], secret=row[6], source=row[7],
+        config=None if row[8] is None else bytes(row[8]))
+    return WebhookRow(spec=spec, created_at=row[9], after=int(row[10]), attempts=int(row[11]),
+                      next_at=row[12], failing_since=row[13])
+
+
+def delivery_of(row: Sequence[Any]) -> DeliveryRow:
+    return DeliveryRow(attempt=ops.WebhookAttempt(
+        offset=int(row[0]), type=row[1], attempt=int(row[2]), outcome=row[3], status=row[4],
+        error=row[5]), at=row[6])

@@ -163,6 +163,15 @@ class Plan:
     users: list[tuple[str, str]] = field(default_factory=list)
     #: (conversation id, model tokens) of the batch's answers, added to their users' day
     usage: list[tuple[str, int]] = field(default_factory=list)
+    #: webhook subscriptions the batch's ops name: stored (as read, then as planned) or not
+    hooks: dict[str, bool] = field(default_factory=dict)
+    #: their rows to upsert (``ops.PutWebhook``, with the progress a later op of the batch
+    #: stored for it: one statement cannot change a row twice), delete, and progress to store
+    hook_rows: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    hooks_deleted: list[str] = field(default_factory=list)
+    hook_progress: list[Any] = field(default_factory=list)
+    #: (webhook id, ``ops.WebhookAttempt``): delivery log lines to add
+    hook_log: list[tuple[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._cursor0 = Cursor(epoch=self.epoch, offset=0)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import psycopg
 
 from agentik.errors import AgentikError
 from agentik.storage import apply, ops
 from agentik.storage.pg.plan import Conv, Found, Plan, Result, const
+from agentik.storage.target import RecordEvent, Target
 from agentik.wire import (
     AgentEvent,
     ConversationRecord,
@@ -32,7 +34,7 @@ _TOP = 2**31 - 1
 
 
 class PgTarget:
-    """``apply.Target`` on one batch's plan."""
+    """``Target`` (``storage/target.py``) on one batch's plan."""
 
     __slots__ = ("_recovered", "now", "p")
 
@@ -91,7 +93,7 @@ class PgTarget:
         self.p.emit(seq, conversation_id, event)
 
     def journal(self, conversation_id: str, message_id: str, message: Message,
-                event: type[apply.RecordEvent]) -> int:
+                event: type[RecordEvent]) -> int:
         p = self.p
         return p.journal(p.require(conversation_id), message_id, message, event)
 
@@ -163,6 +165,37 @@ class PgTarget:
         p.tasks[op.task_id] = ("rel", seq)
         p.task_rows.append((op.task_id, op.context_id, op.conversation_id, op.state, seq, op.task))
 
+    def webhook_exists(self, webhook_id: str) -> bool:
+        return self.p.hooks.get(webhook_id, False)
+
+    def put_webhook(self, op: ops.PutWebhook, new: bool) -> None:
+        p = self.p
+        p.hooks[op.spec.id] = True
+        progress = None
+        if op.spec.id in p.hooks_deleted:  # deleted, then made again by this batch: one change
+            p.hooks_deleted.remove(op.spec.id)
+            op = msgspec.structs.replace(op, replace=True)
+            progress = ops.WebhookProgress(webhook_id=op.spec.id, after=op.after)
+        p.hook_rows[op.spec.id] = (op, progress)
+
+    def drop_webhook(self, webhook_id: str) -> None:
+        p = self.p
+        p.hooks[webhook_id] = False
+        # what this batch planned for it goes too (the statement cannot see its own inserts)
+        p.hook_rows.pop(webhook_id, None)
+        p.hook_progress = [g for g in p.hook_progress if g.webhook_id != webhook_id]
+        p.hook_log = [g for g in p.hook_log if g[0] != webhook_id]
+        p.hooks_deleted.append(webhook_id)
+
+    def webhook_progress(self, op: ops.WebhookProgress) -> None:
+        p = self.p
+        planned = p.hook_rows.get(op.webhook_id)
+        if planned is not None:  # its row is written by this statement: with this progress
+            p.hook_rows[op.webhook_id] = (planned[0], op)
+        else:
+            p.hook_progress.append(op)
+        p.hook_log.extend((op.webhook_id, line) for line in op.log)
+
     def keep_key(self, idem: ops.Idempotency, result_id: str) -> None:
         p = self.p
         p.idem[idem.key] = (idem.fingerprint, result_id)
@@ -197,7 +230,7 @@ def plan_all(p: Plan, batch: list[ops.AnyOp], refused: dict[int, AgentikError]
              ) -> list[Result | AgentikError]:
     """Every op of ``batch`` planned into ``p`` (one target for the batch): its result, or the
     error refusing it (those of ``refused`` as given)."""
-    target: apply.Target[int] = PgTarget(p)  # (mypy: it is one)
+    target: Target[int] = PgTarget(p)  # (mypy: it is one)
     table = apply.APPLY
     results: list[Result | AgentikError] = []
     for i, op in enumerate(batch):

@@ -16,12 +16,18 @@ import psycopg
 from agentik.storage.types import (
     A2A_TASK_COLUMNS,
     CONVERSATION_COLUMNS,
+    DELIVERY_COLUMNS,
     MESSAGE_COLUMNS,
+    WEBHOOK_COLUMNS,
     A2ATaskRow,
+    DeliveryRow,
     StoredEvent,
+    WebhookRow,
     a2a_task_of,
     conversation_of,
+    delivery_of,
     message_of,
+    webhook_of,
 )
 from agentik.wire import (
     CommonEvent,
@@ -253,3 +259,27 @@ def user_standing(conn: Conn, user: str, day: str) -> tuple[int, int, int]:
         "AND day = %(day)s)", {"user": user, "day": day}).fetchone()
     assert row is not None
     return int(row[0]), int(row[1]), int(row[2])
+
+
+# --- webhooks (docs/WEBHOOKS.md) -----------------------------------------------------------------
+
+
+def webhooks(conn: Conn, task_id: str | None) -> list[WebhookRow]:
+    """Every subscription (None), or the A2A push configs of one task, oldest first."""
+    sql, args = f"SELECT {WEBHOOK_COLUMNS} FROM webhook", tuple[str, ...]()
+    if task_id is not None:
+        sql, args = sql + " WHERE task_id = %s", (task_id,)
+    return [webhook_of(r) for r in conn.execute(sql + " ORDER BY created_at, id", args)]
+
+
+def get_webhook(conn: Conn, webhook_id: str) -> WebhookRow | None:
+    row = conn.execute(f"SELECT {WEBHOOK_COLUMNS} FROM webhook WHERE id = %s",
+                       (webhook_id,)).fetchone()
+    return webhook_of(row) if row else None
+
+
+def webhook_deliveries(conn: Conn, webhook_id: str, limit: int) -> list[DeliveryRow]:
+    """The subscription's newest delivery log lines, newest first."""
+    return [delivery_of(r) for r in conn.execute(
+        f"SELECT {DELIVERY_COLUMNS} FROM webhook_delivery WHERE webhook_id = %s "
+        "ORDER BY n DESC LIMIT %s", (webhook_id, limit))]

@@ -24,7 +24,7 @@ import psycopg
 
 from agentik.storage.migrations import apply_migrations
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -155,8 +155,42 @@ CREATE TABLE user_usage (
 );
 """
 
+#: webhook subscriptions with their progress, and their delivery logs (docs/WEBHOOKS.md); as
+#: SQLite's v8
+_V8 = """
+CREATE TABLE webhook (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    events TEXT NOT NULL,
+    agent TEXT,
+    conversation_id TEXT,
+    task_id TEXT,
+    secret TEXT NOT NULL,
+    source TEXT NOT NULL,
+    config BYTEA,
+    created_at DOUBLE PRECISION NOT NULL,
+    "after" BIGINT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    failing_since DOUBLE PRECISION
+);
+CREATE INDEX webhook_by_task ON webhook (task_id);
+CREATE TABLE webhook_delivery (
+    n BIGSERIAL PRIMARY KEY,
+    webhook_id TEXT NOT NULL,
+    "offset" BIGINT NOT NULL,
+    type TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    status INTEGER,
+    error TEXT,
+    at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX webhook_delivery_by_webhook ON webhook_delivery (webhook_id, n);
+"""
+
 #: version -> script that brings a schema from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7, 8: _V8}
 
 
 def migrate(conn: psycopg.Connection[Any]) -> str:

@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from agentik.limits import utc_day
+from agentik.storage.ops import DELIVERY_LOG_KEEP
 from agentik.storage.pg.arrays import Bools, Byteas, Float8s, Int8s, Texts
 from agentik.storage.pg.fence import Ownership
 from agentik.storage.pg.plan import Plan
@@ -110,6 +111,51 @@ _USAGE = """uu AS (INSERT INTO user_usage (user_id, day, tokens)
     unnest(%(uu_cid)b::text[], %(uu_tokens)b::bigint[]) AS r(cid, tokens)
     JOIN conversation_user x ON x.conversation_id = r.cid GROUP BY x.user_id
     ON CONFLICT (user_id, day) DO UPDATE SET tokens = user_usage.tokens + EXCLUDED.tokens)"""
+#: webhook subscriptions (docs/WEBHOOKS.md): a new one, else its definition, each with the
+#: progress the batch stored for it (``prog``: else a new one starts after ``after``, an old one
+#: keeps its own); one deleted with its log; progress of others; log lines added, each log cut
+#: to its newest lines (as read before the statement: a few more may stay until the next cut)
+_HOOK = """hk AS (INSERT INTO webhook (id, url, events, agent, conversation_id, task_id, secret, source,
+                           config, created_at, "after", attempts, next_at, failing_since)
+    SELECT r.id, r.url, r.ev, r.agent, r.cid, r.task, r.secret, r.src, r.config, %(now)s, r.after,
+           r.attempts, %(now)s + r.retry_in, CASE WHEN r.attempts = 0 THEN NULL ELSE %(now)s END
+    FROM c, unnest(%(h_id)b::text[], %(h_url)b::text[], %(h_ev)b::text[], %(h_agent)b::text[],
+                   %(h_cid)b::text[], %(h_task)b::text[], %(h_secret)b::text[], %(h_src)b::text[],
+                   %(h_config)b::bytea[], %(h_after)b::bigint[], %(h_prog)b::boolean[],
+                   %(h_attempts)b::int[], %(h_retry)b::float8[])
+    AS r(id, url, ev, agent, cid, task, secret, src, config, after, prog, attempts, retry_in)
+    ON CONFLICT (id) DO UPDATE SET url = EXCLUDED.url, events = EXCLUDED.events,
+        agent = EXCLUDED.agent, conversation_id = EXCLUDED.conversation_id,
+        task_id = EXCLUDED.task_id, secret = EXCLUDED.secret, source = EXCLUDED.source,
+        config = EXCLUDED.config,
+        "after" = CASE WHEN EXCLUDED.id = ANY(%(h_prog_ids)b::text[])
+                       THEN EXCLUDED."after" ELSE webhook."after" END,
+        attempts = CASE WHEN EXCLUDED.id = ANY(%(h_prog_ids)b::text[])
+                        THEN EXCLUDED.attempts ELSE webhook.attempts END,
+        next_at = CASE WHEN EXCLUDED.id = ANY(%(h_prog_ids)b::text[])
+                       THEN EXCLUDED.next_at ELSE webhook.next_at END,
+        failing_since = CASE WHEN EXCLUDED.id <> ALL(%(h_prog_ids)b::text[]) THEN webhook.failing_since
+                             WHEN EXCLUDED.attempts = 0 THEN NULL
+                             ELSE COALESCE(webhook.failing_since, %(now)s) END)"""
+_HOOK_DEL = """hd AS (DELETE FROM webhook USING c WHERE webhook.id = ANY(%(hd_id)b::text[])),
+hl AS (DELETE FROM webhook_delivery USING c WHERE webhook_delivery.webhook_id = ANY(%(hd_id)b::text[]))"""
+_HOOK_PROGRESS = """hp AS (UPDATE webhook SET "after" = r.after, attempts = r.attempts,
+        next_at = %(now)s + r.retry_in,
+        failing_since = CASE WHEN r.attempts = 0 THEN NULL ELSE COALESCE(failing_since, %(now)s) END
+    FROM c, unnest(%(hp_id)b::text[], %(hp_after)b::bigint[], %(hp_attempts)b::int[],
+                   %(hp_retry)b::float8[]) AS r(id, after, attempts, retry_in)
+    WHERE webhook.id = r.id)"""
+_HOOK_LOG = """hi AS (INSERT INTO webhook_delivery (webhook_id, "offset", type, attempt, outcome, status,
+                                     error, at)
+    SELECT r.id, r.off, r.type, r.attempt, r.outcome, r.status::int, r.error, %(now)s
+    FROM c, unnest(%(hi_id)b::text[], %(hi_off)b::bigint[], %(hi_type)b::text[],
+                   %(hi_attempt)b::int[], %(hi_outcome)b::text[], %(hi_status)b::text[],
+                   %(hi_error)b::text[])
+    WITH ORDINALITY AS r(id, off, type, attempt, outcome, status, error, i)
+    ORDER BY r.i),
+hc AS (DELETE FROM webhook_delivery x USING c, unnest(%(hc_id)b::text[]) AS r(id)
+    WHERE x.webhook_id = r.id AND x.n <= (SELECT y.n FROM webhook_delivery y WHERE y.webhook_id = r.id
+                                           ORDER BY y.n DESC LIMIT 1 OFFSET %(keep)s))"""
 #: expired Idempotency-Keys go with every batch (but not those the batch stores again)
 _KEYS_EXPIRED = """ik AS (DELETE FROM idempotency_key USING c WHERE idempotency_key.expires_at <= %(now)s
     AND NOT idempotency_key.key = ANY(%(i_key)b::text[]))"""
@@ -251,9 +297,46 @@ def _state_rows(p: Plan, parts: list[str], args: dict[str, Any]) -> None:
         parts.append(_USAGE)
         args.update(uu_cid=[r[0] for r in p.usage], uu_tokens=[r[1] for r in p.usage],
                     day=utc_day(p.now))
+    if p.hook_rows or p.hooks_deleted or p.hook_progress or p.hook_log:
+        _hook_rows(p, parts, args)
     if p.task_rows:
         parts.append(_TASK)
         a = p.task_rows
         args.update(a_id=[r[0] for r in a], a_ctx=[r[1] for r in a], a_cid=[r[2] for r in a],
                     a_state=[r[3] for r in a], a_rel=[r[4] for r in a],
                     a_payload=[r[5] for r in a])
+
+
+def _hook_rows(p: Plan, parts: list[str], args: dict[str, Any]) -> None:
+    """The parts (and their row arrays) for the batch's webhook rows."""
+    if p.hook_rows:
+        parts.append(_HOOK)
+        rows = list(p.hook_rows.values())
+        specs = [op.spec for op, _ in rows]
+        args.update(h_id=[h.id for h in specs], h_url=[h.url for h in specs],
+                    h_ev=[",".join(h.events) for h in specs], h_agent=[h.agent for h in specs],
+                    h_cid=[h.conversation_id for h in specs], h_task=[h.task_id for h in specs],
+                    h_secret=[h.secret for h in specs], h_src=[h.source for h in specs],
+                    h_config=[h.config for h in specs],
+                    h_after=[op.after if g is None else g.after for op, g in rows],
+                    h_prog=[g is not None for _, g in rows],
+                    h_attempts=[0 if g is None else g.attempts for _, g in rows],
+                    h_retry=[0.0 if g is None else g.retry_in for _, g in rows],
+                    h_prog_ids=[op.spec.id for op, g in rows if g is not None])
+    if p.hooks_deleted:
+        parts.append(_HOOK_DEL)
+        args["hd_id"] = p.hooks_deleted
+    if p.hook_progress:
+        parts.append(_HOOK_PROGRESS)
+        g = p.hook_progress
+        args.update(hp_id=[op.webhook_id for op in g], hp_after=[op.after for op in g],
+                    hp_attempts=[op.attempts for op in g], hp_retry=[op.retry_in for op in g])
+    if p.hook_log:
+        parts.append(_HOOK_LOG)
+        lines = p.hook_log
+        args.update(hi_id=[h for h, _ in lines], hi_off=[a.offset for _, a in lines],
+                    hi_type=[a.type for _, a in lines], hi_attempt=[a.attempt for _, a in lines],
+                    hi_outcome=[a.outcome for _, a in lines],
+                    hi_status=[None if a.status is None else str(a.status) for _, a in lines],
+                    hi_error=[a.error for _, a in lines],
+                    hc_id=list(dict.fromkeys(h for h, _ in lines)), keep=DELIVERY_LOG_KEEP)

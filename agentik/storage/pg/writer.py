@@ -300,6 +300,7 @@ class PgWriter:
         cids: set[str] = set()
         tasks: list[str] = []
         compacts: list[str] = []
+        hooks: list[str] = []
         for op in batch:
             kind = type(op)
             if kind in _PLAIN:  # the common case: an op on the one conversation it names
@@ -328,6 +329,8 @@ class PgWriter:
                 tasks.append(op.task_id)
             elif isinstance(op, ops.Compact):
                 compacts.append(op.conversation_id)
+            elif isinstance(op, ops.PutWebhook | ops.DeleteWebhook | ops.WebhookProgress):
+                hooks.append(op.spec.id if isinstance(op, ops.PutWebhook) else op.webhook_id)
             cid = getattr(op, "conversation_id", None)
             if isinstance(cid, str):
                 cids.add(cid)
@@ -339,10 +342,7 @@ class PgWriter:
                 "SELECT key, fingerprint, result_id FROM idempotency_key "
                 "WHERE key = ANY(%s::text[]) AND expires_at > %s", (keys, p.now))}
             p.idem.update({k: stored.get(k) for k in keys})
-        if tasks:
-            found = dict(conn.execute(
-                "SELECT id, seq FROM a2a_task WHERE id = ANY(%s::text[])", (tasks,)).fetchall())
-            p.tasks.update({t: found.get(t) for t in tasks})
+        self._load_records(p, tasks, hooks)
         for cid in compacts:
             row = conn.execute(
                 "SELECT MIN(order_idx) FROM working_memory WHERE conversation_id = %s AND "
@@ -351,6 +351,17 @@ class PgWriter:
             ).fetchone()
             p.compact_first[cid] = row[0] if row else None
         return used
+
+    def _load_records(self, p: Plan, tasks: list[str], hooks: list[str]) -> None:
+        """The A2A tasks' seqs and whether the webhook subscriptions exist, as stored."""
+        if tasks:
+            found = dict(self.conn.execute(
+                "SELECT id, seq FROM a2a_task WHERE id = ANY(%s::text[])", (tasks,)).fetchall())
+            p.tasks.update({t: found.get(t) for t in tasks})
+        if hooks:
+            stored = {r[0] for r in self.conn.execute(
+                "SELECT id FROM webhook WHERE id = ANY(%s::text[])", (hooks,))}
+            p.hooks.update({h: h in stored for h in hooks})
 
     def _send(self, flight: Flight) -> None:
         self._sender.send(*self._statement(flight, flight.known))  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from agentik.storage.sqlite.rows import (
     read_record,
     write_rows,
 )
+from agentik.storage.target import RecordEvent, Target
 from agentik.storage.types import MESSAGE_COLUMNS, StoredEvent, message_of
 from agentik.wire import (
     AgentEvent,
@@ -55,9 +56,9 @@ _encode_into = msgspec.json.Encoder().encode_into
 
 
 class SqliteTarget:
-    """``apply.Target`` on the writer's connection, in the batch transaction ``tx`` (set for
-    each batch: one target a writer, no object a batch): a journal record and a result are the
-    values themselves."""
+    """``Target`` (``storage/target.py``) on the writer's connection, in the batch
+    transaction ``tx`` (set for each batch: one target a writer, no object a batch): a journal
+    record and a result are the values themselves."""
 
     __slots__ = ("conn", "now", "tx")
 
@@ -135,7 +136,7 @@ class SqliteTarget:
         emit(self.tx, seq, conversation_id, event)
 
     def journal(self, conversation_id: str, message_id: str, message: Message,
-                event: type[apply.RecordEvent]) -> MessageRecord:
+                event: type[RecordEvent]) -> MessageRecord:
         """The message's record at the next seq, its row pending in ``tx.messages``, and its
         event (``event``) emitted: the event is encoded once and the row's payload is the
         message's part of it (encoding the message again would give the same bytes). (The
@@ -245,6 +246,42 @@ class SqliteTarget:
             "payload=?7",
             (op.task_id, op.context_id, op.conversation_id, op.state, self.now, seq, op.task))
 
+    def webhook_exists(self, webhook_id: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM webhook WHERE id=?",
+                                 (webhook_id,)).fetchone() is not None
+
+    def put_webhook(self, op: ops.PutWebhook, new: bool) -> None:
+        spec = op.spec
+        self.conn.execute(
+            "INSERT INTO webhook (id, url, events, agent, conversation_id, task_id, secret, "
+            'source, config, created_at, "after") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, '
+            "?10, ?11) ON CONFLICT (id) DO UPDATE SET url=?2, events=?3, agent=?4, "
+            "conversation_id=?5, task_id=?6, secret=?7, source=?8, config=?9",
+            (spec.id, spec.url, ",".join(spec.events), spec.agent, spec.conversation_id,
+             spec.task_id, spec.secret, spec.source, spec.config, self.now, op.after))
+
+    def drop_webhook(self, webhook_id: str) -> None:
+        self.conn.execute("DELETE FROM webhook WHERE id=?", (webhook_id,))
+        self.conn.execute("DELETE FROM webhook_delivery WHERE webhook_id=?", (webhook_id,))
+
+    def webhook_progress(self, op: ops.WebhookProgress) -> None:
+        hook, now = op.webhook_id, self.now
+        self.conn.execute(
+            'UPDATE webhook SET "after"=?, attempts=?, next_at=?, failing_since=CASE WHEN ?=0 '
+            "THEN NULL ELSE COALESCE(failing_since, ?) END WHERE id=?",
+            (op.after, op.attempts, now + op.retry_in, op.attempts, now, hook))
+        if not op.log:
+            return
+        self.conn.executemany(
+            'INSERT INTO webhook_delivery (webhook_id, "offset", type, attempt, outcome, status, '
+            "error, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(hook, a.offset, a.type, a.attempt, a.outcome, a.status, a.error, now)
+             for a in op.log])
+        self.conn.execute(
+            "DELETE FROM webhook_delivery WHERE webhook_id=?1 AND n <= (SELECT n FROM "
+            "webhook_delivery WHERE webhook_id=?1 ORDER BY n DESC LIMIT 1 OFFSET ?2)",
+            (hook, ops.DELIVERY_LOG_KEEP))
+
     def keep_key(self, idem: ops.Idempotency, result_id: str) -> None:
         self.conn.execute(
             "INSERT INTO idempotency_key (key, fingerprint, result_id, created_at, expires_at) "
@@ -286,7 +323,7 @@ def apply_all(target: SqliteTarget, batch: list[ops.AnyOp]) -> list[object]:
     rows the ops before left pending are written first (``write_rows``) unless the op is an
     AppendUserMessage, the one op that reads neither table. Raises what an op raises, at the
     first op that raises it."""
-    t: apply.Target[MessageRecord] = target  # (mypy: it is one)
+    t: Target[MessageRecord] = target  # (mypy: it is one)
     conn, tx = target.conn, target.tx
     results: list[object] = []
     append = results.append

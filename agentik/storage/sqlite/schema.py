@@ -29,6 +29,10 @@ Tables:
   it and kept after its deletion (a replay still knows whose its events were).
 - ``user_usage`` (v7): model tokens (prompt + completion as reported) per user and UTC day, added
   by the write that stores a turn's answer.
+- ``webhook`` (v8, docs/WEBHOOKS.md): subscriptions (the admin routes', the settings file's, A2A
+  push configs) with their progress: ``after`` (every event up to it is done), ``attempts`` at
+  the next one, ``next_at`` (its next attempt), ``failing_since`` (its first failed attempt).
+- ``webhook_delivery`` (v8): each subscription's delivery log (its newest lines).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import sqlite3
 
 from agentik.storage.migrations import apply_migrations
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -163,8 +167,40 @@ CREATE TABLE user_usage (
 ) WITHOUT ROWID;
 """
 
+_V8 = """
+CREATE TABLE webhook (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    events TEXT NOT NULL,
+    agent TEXT,
+    conversation_id TEXT,
+    task_id TEXT,
+    secret TEXT NOT NULL,
+    source TEXT NOT NULL,
+    config BLOB,
+    created_at REAL NOT NULL,
+    "after" INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at REAL NOT NULL DEFAULT 0,
+    failing_since REAL
+);
+CREATE INDEX webhook_by_task ON webhook (task_id);
+CREATE TABLE webhook_delivery (
+    n INTEGER PRIMARY KEY AUTOINCREMENT,
+    webhook_id TEXT NOT NULL,
+    "offset" INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    status INTEGER,
+    error TEXT,
+    at REAL NOT NULL
+);
+CREATE INDEX webhook_delivery_by_webhook ON webhook_delivery (webhook_id, n);
+"""
+
 #: version -> script that brings a database from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7, 8: _V8}
 
 
 def migrate(conn: sqlite3.Connection) -> None:
