@@ -12,8 +12,8 @@ that breaks :mod:`agentik.content`'s rules), PayloadTooLargeError (an image over
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -40,15 +40,19 @@ from agentik.storage import ops
 from agentik.storage.hub import OnlineSubscription
 from agentik.storage.types import StoredEvent
 from agentik.wire import (
+    ApprovalAnswer,
     ChatSnapshot,
     Content,
     ConversationRecord,
     ConversationsSnapshot,
+    InputAnswer,
     MessageContext,
     MessageRecord,
+    PauseAnswer,
 )
 
 if TYPE_CHECKING:
+    from agentik.client.http import AgentikAgent
     from agentik.config import Config
     from agentik.storage.health import StorageHealth
     from agentik.storage.hub import EventHub
@@ -303,6 +307,34 @@ class LocalAgent:
         except NotOwnerError as exc:
             return await self._peers.forward(
                 exc, lambda o: o.cancel_turn(conversation_id, turn_id))
+
+    async def approve(self, conversation_id: str, call_id: str, approve: bool = True,
+                      reason: str | None = None, *, user: str | None = None) -> MessageRecord:
+        """See :meth:`agentik.api.ConversationView.approve` (``_answer``: a cluster forwards)."""
+        return await self._answer(conversation_id, ApprovalAnswer(
+            call_id=call_id, approve=approve, reason=reason), user, lambda o: o.approve(
+            conversation_id, call_id, approve, reason))
+
+    async def answer(self, conversation_id: str, call_id: str, text: str | None = None, *,
+                     data: dict[str, Any] | None = None, user: str | None = None
+                     ) -> MessageRecord:
+        """See :meth:`agentik.api.ConversationView.answer`: ``text`` or ``data``, one."""
+        if (text is None) == (data is None):
+            raise InvalidInputError("an answer holds either text or data")
+        return await self._answer(conversation_id, InputAnswer(
+            call_id=call_id, text=text, data=data), user, lambda o: o.answer(
+            conversation_id, call_id, text, data=data))
+
+    async def _answer(self, conversation_id: str, answer: PauseAnswer, user: str | None,
+                      forward: Callable[[AgentikAgent], Awaitable[MessageRecord]]
+                      ) -> MessageRecord:  # Registry.answer, on the conversation's owner
+        self._check_open()
+        ops.check_looked_up(answer.call_id)
+        await self.users.require(conversation_id, user)
+        try:
+            return await self._registry.answer(conversation_id, answer.call_id, answer)
+        except NotOwnerError as exc:
+            return await self._peers.forward(exc, forward)
 
     async def send(
         self,

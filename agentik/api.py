@@ -4,7 +4,7 @@ import it (the client loads nothing of the server through it).
 
 - :func:`as_content`: what a ``send`` accepts (a str is one Text; empty content is refused);
 - :class:`ConversationView`: a conversation handle: its record's fields, and the calls it makes
-  through its agent (send, interrupt, rename, close);
+  through its agent (send, interrupt, approve, answer, rename, close);
 - :func:`decode_input` / :func:`convert_input` / :func:`decode_client_json`: a client's JSON
   into wire types, every way it can fail an InvalidInputError (what the web facade reads).
 """
@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import msgspec
 
 from agentik.errors import InvalidInputError
-from agentik.wire import Content, ConversationRecord, Image, MessageContext, Text
+from agentik.wire import Content, ConversationRecord, Image, MessageContext, MessageRecord, Text
 
 T = TypeVar("T")
 
@@ -51,6 +51,12 @@ class ConversationOwner(Protocol):
     ) -> str: ...
 
     async def interrupt(self, conversation_id: str) -> bool: ...
+
+    async def approve(self, conversation_id: str, call_id: str, approve: bool = True,
+                      reason: str | None = None) -> MessageRecord: ...
+
+    async def answer(self, conversation_id: str, call_id: str, text: str | None = None, *,
+                     data: dict[str, Any] | None = None) -> MessageRecord: ...
 
     async def rename_conversation(
         self, conversation_id: str, title: str | None
@@ -106,6 +112,20 @@ class ConversationView(Generic[A]):
     async def interrupt(self) -> bool:
         """Cancel the running turn (Interrupted event). Returns whether a turn was running."""
         return await self._agent.interrupt(self.id)
+
+    async def approve(self, call_id: str, approve: bool = True, reason: str | None = None
+                      ) -> MessageRecord:
+        """Answer the approval the paused call ``call_id`` waits for (an ``approval_requested``
+        event): approved, the tool runs; refused, the model is told so, with ``reason``.
+        Returns the stored answer (the same answer again returns it again). Raises
+        NotFoundError, ConflictError (answered otherwise, or its turn has ended)."""
+        return await self._agent.approve(self.id, call_id, approve, reason)
+
+    async def answer(self, call_id: str, text: str | None = None, *,
+                     data: dict[str, Any] | None = None) -> MessageRecord:
+        """Answer the question the paused call ``call_id`` asks (an ``input_requested``
+        event): ``text``, or ``data`` for a structured answer; as :meth:`approve` otherwise."""
+        return await self._agent.answer(self.id, call_id, text, data=data)
 
     async def rename(self, title: str | None) -> ConversationRecord:
         self.record = await self._agent.rename_conversation(self.id, title)

@@ -28,7 +28,7 @@ client (``agentik.client.errors``: answer -> error), so in-process code catches 
      ├── ConversationFailedError   409 conversation_failed  crashed too often; takes no turns
      │     raised by: ConversationHandle.submit (send)
      ├── ConflictError             409 conflict    a write based on a stale read (an A2A task
-     │     raised by: the storage writer (expect_seq)   changed meanwhile); nothing was stored
+     │     raised by: the storage writer, pausing.py   changed meanwhile; a pause answered); none stored
      ├── BusyError                 409 busy        a send with on_busy=reject while a turn runs or
      │     raised by: ConversationHandle.submit        waits; nothing was stored
      ├── IdempotencyKeyReusedError 422 idempotency_key_reused  an Idempotency-Key already used

@@ -120,6 +120,22 @@ class InterruptResult(Wire, frozen=True, kw_only=True):
     interrupted: bool
 
 
+class ApprovalBody(Wire, frozen=True, kw_only=True):
+    """``POST /agentik/conversations/{id}/approvals/{call_id}``: the person's yes or no."""
+
+    approve: bool
+    #: told to the model verbatim when they refuse
+    reason: str | None = None
+
+
+class InputBody(Wire, frozen=True, kw_only=True):
+    """``POST /agentik/conversations/{id}/inputs/{call_id}``: the answer to a question, its
+    ``text`` or a structured answer (``data``, an elicitation's schema)."""
+
+    text: str | None = None
+    data: dict[str, Any] | None = None
+
+
 class CountResult(Wire, frozen=True, kw_only=True):
     count: int
 
@@ -269,6 +285,26 @@ class InterruptTurn(Tagged, frozen=True, kw_only=True, tag="interrupt"):
     turn_id: str | None = None
 
 
+class Approve(Tagged, frozen=True, kw_only=True, tag="approve"):
+    """As ``POST …/approvals/{call_id}``; the reply's result is the stored answer's record."""
+
+    id: str
+    conversation_id: str
+    call_id: str
+    approve: bool
+    reason: str | None = None
+
+
+class Answer(Tagged, frozen=True, kw_only=True, tag="answer"):
+    """As ``POST …/inputs/{call_id}``; the reply's result is the stored answer's record."""
+
+    id: str
+    conversation_id: str
+    call_id: str
+    text: str | None = None
+    data: dict[str, Any] | None = None
+
+
 class RenameConversation(Tagged, frozen=True, kw_only=True, tag="rename"):
     id: str
     conversation_id: str
@@ -287,7 +323,7 @@ class GetSnapshot(Tagged, frozen=True, kw_only=True, tag="snapshot"):
 
 Command = (
     CreateConversation | GetConversation | ListConversations | SendMessage | InterruptTurn
-    | RenameConversation | DeleteConversation | GetSnapshot
+    | Approve | Answer | RenameConversation | DeleteConversation | GetSnapshot
 )
 
 ClientFrame = Subscribe | Unsubscribe | Ping | Pong | Command

@@ -13,42 +13,18 @@ Encoders and decoders are built once at import (``encode``, ``decode_*``); a dec
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 import msgspec
 
 from agentik.errors import InvalidInputError
 
-#: the largest cursor offset (and seq, count or offset in a query): what SQLite's INTEGER holds
-MAX_OFFSET = 2**63 - 1
-_OFFSET = re.compile(r"[0-9]{1,19}")
-
-
-def parse_offset(text: str) -> int | None:
-    """The one rule for a cursor offset and every integer in a request (``after=``,
-    ``Last-Event-ID``, the WebSocket's ``after``, ``limit``/``offset``/``after_seq`` query
-    parameters, the client reading a server's cursor): 1 to 19 ASCII digits, at most
-    :data:`MAX_OFFSET`; None for anything else. Not ``int()`` / ``str.isdigit()``: they take
-    "²", Arabic-Indic and full-width digits, signs, spaces and ``_``, and a 5,000-digit string
-    hits Python's int-string limit (a 500)."""
-    if _OFFSET.fullmatch(text) is None:
-        return None
-    value = int(text)
-    return value if value <= MAX_OFFSET else None
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
-class Wire(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
-    """Base of plain (untagged) wire structs."""
-
-
-class Tagged(Wire, frozen=True, kw_only=True, tag_field="type", tag=_snake):
-    """Base of union members: encoded with a ``type`` tag."""
-
+# (``X as X``: re-exported, defined there)
+from agentik.wire_base import MAX_OFFSET as MAX_OFFSET
+from agentik.wire_base import Tagged, Wire, parse_offset
+from agentik.wire_pause import ApprovalAnswer, ApprovalRequest, InputAnswer, InputRequest
+from agentik.wire_pause import Pause as Pause
+from agentik.wire_pause import PauseAnswer as PauseAnswer
 
 # --- content -------------------------------------------------------------------------------------
 
@@ -125,7 +101,8 @@ class Error(Tagged, frozen=True, kw_only=True):
     turn_id: str | None = None
 
 
-Message = UserMessage | AssistantMessage | ToolCall | ToolResult | Error
+Message = (UserMessage | AssistantMessage | ToolCall | ToolResult | Error | ApprovalRequest
+           | ApprovalAnswer | InputRequest | InputAnswer)
 
 
 class MessageRecord(Wire, frozen=True, kw_only=True):
@@ -239,6 +216,22 @@ class ToolFailed(Tagged, frozen=True, kw_only=True):
     record: MessageRecord  # a ToolResult with is_error=True
 
 
+class ApprovalRequested(Tagged, frozen=True, kw_only=True):
+    record: MessageRecord  # an ApprovalRequest: the turn waits (docs/PROTOCOL.md)
+
+
+class ApprovalGiven(Tagged, frozen=True, kw_only=True):
+    record: MessageRecord  # an ApprovalAnswer
+
+
+class InputRequested(Tagged, frozen=True, kw_only=True):
+    record: MessageRecord  # an InputRequest: the turn waits
+
+
+class InputGiven(Tagged, frozen=True, kw_only=True):
+    record: MessageRecord  # an InputAnswer
+
+
 class Interrupted(Tagged, frozen=True, kw_only=True):
     turn_id: str | None = None
 
@@ -276,6 +269,10 @@ DurableEvent = (
     | ToolFailed
     | Interrupted
     | ErrorEvent
+    | ApprovalRequested
+    | ApprovalGiven
+    | InputRequested
+    | InputGiven
     | ConversationClosing
     | CompactionTriggered
     | TaskUpdated

@@ -28,7 +28,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.ids: the ids agentik makes (time-ordered), a leaf like metrics
     # agentik.content: what a message's content may hold (the image rules), pure
     # agentik.tracing: OpenTelemetry spans (optional extra), a leaf like metrics
-    "types": ("agentik.wire", "agentik.errors", "agentik.protocol", "agentik.metrics", "agentik.api",
+    "types": ("agentik.wire", "agentik.wire_base", "agentik.wire_pause", "agentik.errors",
+              "agentik.protocol", "agentik.metrics", "agentik.api",
               "agentik.ids", "agentik.content", "agentik.tracing"),
     # agentik.users / agentik.limits: principals and per-user limits, pure like the config;
     # agentik.profiles: the agents file, parsed and checked (pure, beside the settings)

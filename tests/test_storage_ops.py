@@ -25,9 +25,13 @@ from agentik.storage import ops
 from agentik.storage.actor import Storage, run_storage
 from agentik.storage.types import StoredEvent
 from agentik.wire import (
+    ApprovalAnswer,
+    ApprovalRequest,
     AssistantItem,
     AssistantMessage,
     Error,
+    InputAnswer,
+    InputRequest,
     MessageRecord,
     SummaryItem,
     SystemItem,
@@ -287,6 +291,69 @@ async def _tool_calls_recheck(st: Storage) -> None:
     first = await st.write(op)
     assert await st.write(ops.rechecked(op)) == first
     assert len(await journal(st)) == 1 and len(await memory(st)) == 2
+
+
+def _approval(mid: str) -> tuple[str, ApprovalRequest]:
+    return (f"p-{mid}", ApprovalRequest(call_id=f"k-{mid}", tool="add", arguments="{}",
+                                        deadline=5.0, turn_id="m1"))
+
+
+@case(ops.AppendToolCalls, "pauses", "turn_id")
+async def _tool_calls_pausing(st: Storage) -> None:
+    """A round whose calls wait for a person: the requests journaled after the calls, and the
+    turn stored waiting, which RecoverTurns leaves (start-up, a takeover) and reads find."""
+    await create(st)
+    await send(st, "m1", start=True)
+    question = InputRequest(call_id="k-b", question="which?", choices=["x"], turn_id="m1")
+    made = await st.write(ops.AppendToolCalls(
+        conversation_id="c", calls=(call("a"), call("b")), item=calls_item("a", "b"),
+        pauses=(_approval("a"), ("p-b", question)), turn_id="m1"))
+    assert [r.id for r in made] == ["a", "b", "p-a", "p-b"]
+    assert [r.message for r in made[2:]] == [_approval("a")[1], question]
+    assert [e.type for e in await events(st)][-4:] == [
+        "tool_call", "tool_call", "approval_requested", "input_requested"]
+    assert await st.reader.waiting_turn("c") == ("m1", 2)
+    assert await st.write(ops.RecoverTurns()) == []  # a waiting turn is not ended
+    assert await st.reader.waiting_turn("c") == ("m1", 2)
+    assert await st.reader.conversations_with_queued_turns() == ["c"]
+    # without a turn id (or without pauses) no turn row changes
+    await st.write(ops.AppendToolCalls(conversation_id="c", calls=(call("c"),),
+                                       item=calls_item("c"), pauses=(_approval("c"),)))
+    assert await st.reader.waiting_turn("c") == ("m1", 2)
+
+
+@case(ops.AnswerPause, "conversation_id", "message_id", "answer", "turn_id", "resume")
+async def _answer_pause(st: Storage) -> None:
+    """An answer is journaled with its event; with ``resume`` the waiting turn runs again (a
+    restart then ends it as any running turn), without it the turn still waits."""
+    await create(st)
+    await send(st, "m1", start=True)
+    await st.write(ops.AppendToolCalls(
+        conversation_id="c", calls=(call("a"), call("b")), item=calls_item("a", "b"),
+        pauses=(_approval("a"), _approval("b")), turn_id="m1"))
+    yes = ApprovalAnswer(call_id="k-a", approve=True, turn_id="m1")
+    record = await st.write(ops.AnswerPause(conversation_id="c", message_id="g-a", answer=yes,
+                                            turn_id="m1", resume=False))
+    assert record == (await journal(st))[-1] and record.message == yes
+    assert await st.reader.waiting_turn("c") == ("m1", 2)  # b still waits
+    text = InputAnswer(call_id="k-b", text="no", turn_id="m1")
+    await st.write(ops.AnswerPause(conversation_id="c", message_id="g-b", answer=text,
+                                   turn_id="m1"))
+    assert [e.type for e in await events(st)][-2:] == ["approval_given", "input_given"]
+    assert await st.reader.waiting_turn("c") is None
+    assert await st.write(ops.RecoverTurns()) == [("c", "m1")]  # running again
+    with pytest.raises(NotFoundError):
+        await st.write(ops.AnswerPause(conversation_id="nope", message_id="g-c", answer=yes))
+
+
+@case(ops.AnswerPause, "recheck")
+async def _answer_pause_recheck(st: Storage) -> None:
+    await create(st)
+    op = ops.AnswerPause(conversation_id="c", message_id="g-a",
+                         answer=ApprovalAnswer(call_id="k-a", approve=False, reason="no"))
+    first = await st.write(op)
+    assert await st.write(ops.rechecked(op)) == first
+    assert len(await journal(st)) == 1
 
 
 def _result(error: bool) -> ToolResult:

@@ -76,6 +76,8 @@ async def test_every_http_route_answers_another_users_conversation_as_unknown(
                  {"json": {"content": [{"type": "text", "body": "x"}]}}),
                 ("POST", "/agentik/conversations/{}/interrupt", {}),
                 ("POST", "/agentik/conversations/{}/interrupt", {"json": {"turn_id": "t1"}}),
+                ("POST", "/agentik/conversations/{}/approvals/c1", {"json": {"approve": True}}),
+                ("POST", "/agentik/conversations/{}/inputs/c1", {"json": {"text": "yes"}}),
                 ("GET", "/agentik/conversations/{}/messages", {}),
                 ("GET", "/agentik/conversations/{}/snapshot", {}),
                 ("GET", "/agentik/conversations/{}/events", {}),
@@ -119,7 +121,8 @@ async def test_websocket_answers_another_users_conversation_as_unknown(served: S
             commands: list[tuple[str, dict[str, Any]]] = [
                 ("get", {}), ("rename", {"title": "t"}),
                 ("send", {"content": [{"type": "text", "body": "x"}]}), ("interrupt", {}),
-                ("snapshot", {}), ("delete", {}),
+                ("snapshot", {}), ("approve", {"call_id": "c1", "approve": True}),
+                ("answer", {"call_id": "c1", "text": "yes"}), ("delete", {}),
             ]
             for command, fields in commands:
                 theirs = await bob.call(command, id="x", conversation_id=cid, **fields)

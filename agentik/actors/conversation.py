@@ -26,23 +26,21 @@ import trio
 
 from agentik import context as ctx
 from agentik import metrics, tracing
-from agentik.actors import compaction, spans, summary
+from agentik.actors import asking, compaction, spans, summary
 from agentik.actors import turn as logic
 from agentik.actors.ending import TurnEndings, turn_fields
 from agentik.actors.handle import ConversationHandle
 from agentik.actors.memory import WorkingMemory
 from agentik.actors.messages import Turn
+from agentik.actors.tool_phase import ToolPhase
 from agentik.errors import (
     LlmContextOverflowError,
     LlmError,
-    ToolError,
 )
 from agentik.llm.base import LiteConversation, ToolSpec
 from agentik.wire import (
     Content,
     OnlineEvent,
-    ToolCallSpec,
-    ToolResult,
     Working,
 )
 
@@ -59,7 +57,7 @@ class _TooBig(Exception):
         self.forget_from = forget_from
 
 
-class ConversationActor(TurnEndings):
+class ConversationActor(TurnEndings, ToolPhase):
     """One incarnation; the supervisor makes a new one after a crash."""
 
     def __init__(self, handle: ConversationHandle) -> None:
@@ -130,7 +128,7 @@ class ConversationActor(TurnEndings):
 
     async def _run_turn(self, turn: Turn, state: logic.TurnState, span: tracing.Span) -> None:
         h = self.h
-        crashed = False
+        crashed = self.paused = False
         failed: logic.Failed | None = None
         answer: logic.Answer | None = None
         started = self._awaiting_first_token = time.perf_counter()
@@ -148,15 +146,20 @@ class ConversationActor(TurnEndings):
                         answer = ended
                     else:
                         failed = ended
+            h.pauses.close()  # before its end is stored: a later answer is too late (409)
             h.turn_scope = None
             outcome = "completed"
             outcome = await self._close(state, answer, scope.cancelled_caught, failed)
         except trio.Cancelled:
             outcome = "cancelled"
+            h.pauses.close()
             # Not an interrupt: the runtime is shutting down or the conversation is being
             # deleted. Close the turn with a terminal record before going, unless it already has
-            # one (the cancel may land after the answer).
-            if not state.finished:
+            # one (the cancel may land after the answer), or it waits for a person: stored
+            # waiting, it waits on in the next actor (a restart, another node).
+            if self.paused and not h.interrupt_requested:
+                outcome = "paused"
+            elif not state.finished:
                 ending = logic.Interrupted() if h.interrupt_requested else logic.Cancelled()
                 outcome = "interrupted" if h.interrupt_requested else "cancelled"
                 await self._end(state, ending)
@@ -172,6 +175,7 @@ class ConversationActor(TurnEndings):
             metrics.TURN_DURATION.observe(time.perf_counter() - started)
             self._awaiting_first_token = None
             h.turn_scope = None
+            h.pauses.close()
             if not crashed:
                 # After a bug `current` stays set, so the supervisor closes it with an Error.
                 h.current = None
@@ -213,16 +217,23 @@ class ConversationActor(TurnEndings):
         deps = self.deps
         self.online(Working(turn_id=turn.turn_id))
         tools = tuple(self.agent.tools.specs())
+        if self.agent.profile.ask_user:
+            tools += (asking.ASK_USER_SPEC,)
         if self.llm_conv is not None and tools != self.llm_tools:
             # MCP servers connect and change their tool lists in the background, and a session
             # is opened with a fixed tool list, so a changed list means a new session.
             await self.close_llm()
-        start = logic.start(state, turn.content)
-        if turn.started:
-            self.memory.stored(start)  # committed with the user message (ops.AppendUserMessage)
-        else:
-            await self.memory.write(start)
         content: Sequence[Content] | None = turn.content
+        if turn.resume is not None:  # it waited for a person: on from its calls
+            logic.resumed(state, turn.resume.rounds, turn.resume.pending)
+            await self.run_tools(state, turn.resume.pending)
+            content = None
+        else:
+            start = logic.start(state, turn.content)
+            if turn.started:
+                self.memory.stored(start)  # committed with its message (ops.AppendUserMessage)
+            else:
+                await self.memory.write(start)
         while True:
             logic.new_round(state)
             try:
@@ -231,22 +242,19 @@ class ConversationActor(TurnEndings):
                 return logic.Failed("context_window", too_big.message,
                                     forget_from=too_big.forget_from)
             content = None
-            match logic.after_round(state, deps.config.max_tool_rounds):
-                case logic.RunTools(op=op, calls=calls):
+            seen = await self.seen_call_ids()
+            match logic.after_round(state, deps.config.max_tool_rounds, self.pause_policy(), seen):
+                case logic.RunTools(op=op, calls=calls, renamed=renamed):
+                    if renamed:  # the session knows the model's ids: a new one, from memory
+                        await self.close_llm()
+                    self.h.pauses.open(state.turn_id, op.pauses)  # answers taken from now on
                     try:
                         await self.memory.write(op)
                     except trio.Cancelled:
                         logic.calls_not_stored(state)
+                        self.h.pauses.close()
                         raise
-                    for call in calls:
-                        result = await self._run_tool(state, call)
-                        assert self.llm_conv is not None  # closed only before a round
-                        self.llm_conv.add_tool_result(call.call_id, call.name, result.content)
-                        try:
-                            await self.memory.write(logic.tool_done(state, result))
-                        except trio.Cancelled:
-                            logic.result_not_stored(state, call)
-                            raise
+                    await self.run_tools(state, calls)
                 case logic.Answer() as answer:
                     return answer
                 case logic.Failed() as failed:
@@ -356,27 +364,6 @@ class ConversationActor(TurnEndings):
             with spans.summary(self.agent.profile, cid):
                 text = await summary.make_summary(self.agent.llm, cid, plan, budget)
             await self.memory.write(compaction.compact_op(cid, plan, text))
-
-    async def _run_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
-        """Run one tool call; every failure becomes an error result (ToolFailed), never an
-        exception, so the turn goes on and the model hears what went wrong."""
-        with spans.tool(call) as span:
-            return spans.tool_done(span, call, await self._call_tool(state, call))
-
-    async def _call_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
-        try:
-            arguments = logic.parse_arguments(call.arguments)
-        except logic.BadArguments as exc:
-            return logic.tool_failure(state, call, str(exc))
-        timeout = self.deps.config.tool_timeout
-        try:
-            with trio.fail_after(timeout):
-                outcome = await self.agent.tools.call(call.name, arguments)
-        except trio.TooSlowError:
-            return logic.tool_failure(state, call, f"tool {call.name!r} timed out after {timeout:g} s")
-        except ToolError as exc:
-            return logic.tool_failure(state, call, str(exc))
-        return logic.tool_result(state, call, outcome, self.deps.config.tool_result_cap)
 
 
 __all__ = ["ConversationActor", "turn_fields"]

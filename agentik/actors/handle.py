@@ -22,6 +22,7 @@ from agentik import metrics
 from agentik.actors import turn as logic
 from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.messages import MailboxMessage, Turn
+from agentik.actors.pausing import Pauses
 from agentik.errors import (
     BusyError,
     ConversationFailedError,
@@ -33,7 +34,16 @@ from agentik.errors import (
 )
 from agentik.ids import new_id
 from agentik.storage import ops
-from agentik.wire import Content, End, MessageContext, MessageRecord, UserMessage, WorkingItem
+from agentik.wire import (
+    Content,
+    End,
+    InputAnswer,
+    MessageContext,
+    MessageRecord,
+    Text,
+    UserMessage,
+    WorkingItem,
+)
 
 
 class HandleClosed(Exception):
@@ -85,6 +95,11 @@ class ConversationHandle:
     #: the working memory of a conversation just created (its system prompt, as stored), for
     #: its first actor incarnation only (``take_memory``): a restarted one reads storage
     memory: list[tuple[int, WorkingItem]] | None = None
+    #: the running turn's pauses: calls waiting for a person's answer (``pausing.py``)
+    pauses: Pauses = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pauses = Pauses(self.deps.storage, self.conversation_id)
 
     def take_memory(self) -> list[tuple[int, WorkingItem]] | None:
         """The known working memory (once; None after, or when not known)."""
@@ -106,6 +121,9 @@ class ConversationHandle:
         """Queue a turn and store its user message. Returns the message id once durable (for a
         replayed ``idempotency`` key: the first write's id, and nothing runs).
 
+        While the running turn waits for the answer to a question, the message is that answer
+        (its text; the id returned is the answer's record's).
+
         ``on_busy`` (default: the agent's busy policy) decides what a send to a busy conversation
         does: ``queue`` waits its turn, ``reject`` raises BusyError and stores nothing,
         ``interrupt`` interrupts the running turn and queues this one.
@@ -118,6 +136,8 @@ class ConversationHandle:
             raise ConversationFailedError(
                 f"conversation {self.conversation_id!r} crashed too often and takes no more turns"
             )
+        if self.pauses.question() is not None:
+            return await self._answer_question(content)
         policy = on_busy or self.agent.profile.busy_policy
         busy = self.busy()
         if busy and policy == "reject":
@@ -146,6 +166,16 @@ class ConversationHandle:
         if busy and policy == "interrupt":
             self.interrupt()
         return await self._store(turn, idempotency)
+
+    async def _answer_question(self, content: list[Content]) -> str:
+        """A message sent while a question waits is its answer (its text): the answer's id."""
+        question = self.pauses.question()
+        assert question is not None
+        call_id = question.request.call_id
+        text = "\n".join(c.body for c in content if isinstance(c, Text))
+        record = await self.pauses.answer(call_id, InputAnswer(call_id=call_id, text=text))
+        assert record is not None  # the pause is open: it takes it, or raises
+        return record.id
 
     async def _store(self, turn: Turn, idempotency: ops.Idempotency | None) -> str:
         """Store the queued ``turn``'s user message and settle the turn (run it or skip it)."""

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
 
 from agentik import tracing
+from agentik.actors.pausing import Resume
 from agentik.storage import ops
 from agentik.wire import Content, MessageContext
 
@@ -38,6 +39,9 @@ class Turn:
     withdrawal: trio.Event | None = None
     ending: ops.FinishTurn | None = None
     ended: bool | None = False
+    #: a turn that waited for a person when its last actor went (``pausing.load_waiting``): it
+    #: goes on from its pauses rather than from its message
+    resume: Resume | None = None
     #: the sender's trace context (its request's span), taken along to the actor's task, where
     #: the turn's span is its child (None while traces are off)
     trace: Context | None = field(default_factory=tracing.carry)

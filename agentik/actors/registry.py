@@ -19,6 +19,7 @@ from agentik import metrics
 from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.handle import ConversationHandle, HandleClosed
 from agentik.actors.messages import MailboxMessage, Turn
+from agentik.actors.pausing import answered_before, load_waiting
 from agentik.actors.supervisor import supervise
 from agentik.errors import (
     NotFoundError,
@@ -33,6 +34,8 @@ from agentik.wire import (
     Content,
     ConversationRecord,
     MessageContext,
+    MessageRecord,
+    PauseAnswer,
     SystemItem,
     UserMessage,
     WorkingItem,
@@ -65,6 +68,16 @@ class Registry:
         if leases is not None:  # a PostgreSQL cluster: own it first (NotOwnerError if not ours)
             await leases.claim(conversation_id)
         queued = [] if memory is not None else await self._queued(conversation_id)
+        waiting = None if memory is not None else await load_waiting(self.deps.storage,
+                                                                     conversation_id)
+        if waiting is not None:  # it waited for a person: it comes first, and waits again
+            turn_id, user, resume = waiting
+            paused = Turn(turn_id=turn_id, content=list(user.content), context=user.context,
+                          started=True, trace=None, resume=resume)
+            paused.settle(True)
+            queued.insert(0, paused)
+            log.info("conversation %s: turn %s waits for a person again", conversation_id,
+                     turn_id, extra={"conversation_id": conversation_id, "turn_id": turn_id})
         send, recv = trio.open_memory_channel[MailboxMessage](
             max(self.deps.config.mailbox_size, len(queued)))
         for turn in queued:  # before any send can queue behind them: they came first
@@ -72,6 +85,8 @@ class Registry:
         handle = ConversationHandle(conversation_id, self.deps, agent, self, send, recv,
                                     memory=memory)
         handle.waiting.update((turn.turn_id, turn) for turn in queued)  # cancel_turn finds them
+        if waiting is not None:
+            handle.pauses.add(waiting[2].slots)  # answers are taken before the actor runs
         self.live[conversation_id] = handle
         metrics.LIVE_CONVERSATIONS.inc()
         await self.nursery.start(partial(supervise, handle))
@@ -206,6 +221,20 @@ class Registry:
             except HandleClosed:
                 continue
         raise RuntimeClosedError(f"conversation {conversation_id!r} keeps closing")
+
+    async def answer(self, conversation_id: str, call_id: str, answer: PauseAnswer
+                     ) -> MessageRecord:
+        """Answer the pause ``call_id`` of the conversation's running turn (cold-loading it: a
+        turn that waits is read back with its pauses); the stored answer (``pausing.py``: the
+        same answer again gets it again). Raises NotFoundError (no such conversation or pause),
+        ConflictError (answered otherwise, or its turn has ended), NotOwnerError, StorageError."""
+        handle = await self.get(conversation_id)
+        if handle is None:
+            raise NotFoundError(f"conversation {conversation_id!r} not found")
+        record = await handle.pauses.answer(call_id, answer)
+        if record is None:
+            record = await answered_before(self.deps.storage, conversation_id, call_id, answer)
+        return record
 
     async def cancel_turn(self, conversation_id: str, turn_id: str) -> bool:
         """Withdraw the turn ``turn_id`` while it waits, or interrupt it while it runs

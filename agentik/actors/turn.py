@@ -19,6 +19,7 @@ from typing import Any, assert_never
 
 import msgspec
 
+from agentik.actors import asking
 from agentik.ids import new_id
 from agentik.llm.base import (
     FinishDelta,
@@ -161,11 +162,14 @@ def round_tool_calls(state: TurnState) -> list[ToolCallSpec]:
 
 @dataclass(frozen=True)
 class RunTools:
-    """Store ``op`` (the round's calls and its working-memory item), then run ``calls`` in
-    order; each result goes to the model and through :func:`tool_done` to storage."""
+    """Store ``op`` (the round's calls and its working-memory item, the calls that wait for a
+    person), then run ``calls`` in order; each result goes to the model and through
+    :func:`tool_done` to storage. ``renamed``: a call id the model reused was replaced by
+    agentik's own (the model session knows the old one: open a new one from working memory)."""
 
     op: ops.AppendToolCalls
     calls: list[ToolCallSpec]
+    renamed: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,9 +204,12 @@ class Cancelled:
 Ending = Failed | Interrupted | Cancelled
 
 
-def after_round(state: TurnState, max_tool_rounds: int) -> RunTools | Answer | Failed:
-    """What follows a finished model stream."""
-    calls = round_tool_calls(state)
+def after_round(state: TurnState, max_tool_rounds: int, policy: asking.PausePolicy | None = None,
+                seen: set[str] | None = None) -> RunTools | Answer | Failed:
+    """What follows a finished model stream; ``policy``: which calls wait for a person;
+    ``seen``: the conversation's call ids so far (``asking.unique_calls``)."""
+    calls, renamed = asking.unique_calls(round_tool_calls(state),
+                                         set() if seen is None else seen)
     if not calls:
         state.finished = True
         answer = final_message(state)
@@ -222,10 +229,20 @@ def after_round(state: TurnState, max_tool_rounds: int) -> RunTools | Answer | F
             for c in calls
         ),
         item=_round_item(state, calls),
+        pauses=asking.pauses_for(state.turn_id, calls, policy) if policy is not None else (),
+        turn_id=state.turn_id,
     )
     state.round_recorded = True
     state.pending_calls = list(calls)
-    return RunTools(op, calls)
+    return RunTools(op, calls, renamed)
+
+
+def resumed(state: TurnState, rounds: int, pending: list[ToolCallSpec]) -> None:
+    """A turn that waited for a person goes on in a new actor (a restart, another node): its
+    ``rounds`` so far, the calls of its last round still without a result, which run now."""
+    state.rounds = rounds
+    state.round_recorded = True
+    state.pending_calls = list(pending)
 
 
 def calls_not_stored(state: TurnState) -> None:

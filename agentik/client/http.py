@@ -39,7 +39,9 @@ from agentik.protocol import (
     AgentEntry,
     AgentInfo,
     AgentList,
+    ApprovalBody,
     CreateConversationBody,
+    InputBody,
     InterruptBody,
     InterruptResult,
     MessageAccepted,
@@ -55,6 +57,7 @@ from agentik.wire import (
     ConversationsSnapshot,
     Cursor,
     MessageContext,
+    MessageRecord,
     encode,
 )
 
@@ -208,6 +211,23 @@ class AgentikAgent:
     async def interrupt(self, conversation_id: str) -> bool:
         raw = await self._request("POST", f"{conversation_path(conversation_id)}/interrupt")
         return decode_answer(raw, InterruptResult).interrupted
+
+    async def approve(self, conversation_id: str, call_id: str, approve: bool = True,
+                      reason: str | None = None) -> MessageRecord:
+        """The approval a paused call waits for; the stored answer. Raises NotFoundError,
+        ConflictError (answered otherwise, or its turn has ended)."""
+        raw = await self._request(
+            "POST", f"{conversation_path(conversation_id)}/approvals/{urllib.parse.quote(call_id, safe='')}",
+            content=encode(ApprovalBody(approve=approve, reason=reason)))
+        return decode_answer(raw, MessageRecord)
+
+    async def answer(self, conversation_id: str, call_id: str, text: str | None = None, *,
+                     data: dict[str, Any] | None = None) -> MessageRecord:
+        """The answer to a paused call's question (``text``, or ``data``); as :meth:`approve`."""
+        raw = await self._request(
+            "POST", f"{conversation_path(conversation_id)}/inputs/{urllib.parse.quote(call_id, safe='')}",
+            content=encode(InputBody(text=text, data=data)))
+        return decode_answer(raw, MessageRecord)
 
     async def cancel_turn(self, conversation_id: str, turn_id: str) -> bool:
         """Cancel one turn (its user message's id): withdrawn while it waits behind another

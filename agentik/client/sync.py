@@ -42,6 +42,8 @@ from agentik.client.errors import TRANSIENT
 from agentik.client.reconnect import BackoffPolicy, EventStream, Failed, Gap, ReconnectingOutbox
 from agentik.errors import NotFoundError
 from agentik.wire import (
+    ApprovalGiven,
+    ApprovalRequested,
     AssistantMessageEvent,
     ChatSnapshot,
     CommonEvent,
@@ -49,6 +51,8 @@ from agentik.wire import (
     Cursor,
     Deleted,
     ErrorEvent,
+    InputGiven,
+    InputRequested,
     Renamed,
     ToolCallEvent,
     ToolFailed,
@@ -61,6 +65,7 @@ T = TypeVar("T")
 
 _RECORD_EVENTS = (
     UserMessageEvent, AssistantMessageEvent, ToolCallEvent, ToolResultEvent, ToolFailed, ErrorEvent,
+    ApprovalRequested, ApprovalGiven, InputRequested, InputGiven,
 )
 
 

@@ -28,6 +28,10 @@ from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.target import Rec, Target
 from agentik.wire import (
+    ApprovalAnswer,
+    ApprovalGiven,
+    ApprovalRequest,
+    ApprovalRequested,
     AssistantMessageEvent,
     CompactionTriggered,
     ConversationClosing,
@@ -35,7 +39,10 @@ from agentik.wire import (
     Deleted,
     Error,
     ErrorEvent,
+    InputGiven,
+    InputRequested,
     Interrupted,
+    PauseAnswer,
     Renamed,
     SystemItem,
     TaskUpdated,
@@ -81,7 +88,8 @@ def _stored(t: Target[Rec], op: ops.Recheckable) -> object | None:
     if not records and (type(op) is not ops.FinishTurn or op.turn_id is None
                         or t.turn_open(op.conversation_id, op.turn_id)):
         return None
-    return t.value(records[0] if type(op) is ops.AppendToolResult else records)
+    one = type(op) is ops.AppendToolResult or type(op) is ops.AnswerPause
+    return t.value(records[0] if one else records)
 
 
 # --- the ops -------------------------------------------------------------------------------------
@@ -156,7 +164,25 @@ def tool_calls(t: Target[Rec], op: ops.AppendToolCalls) -> object:
     made = [t.journal(cid, message_id, call, ToolCallEvent)
             for message_id, call in op.calls]
     t.remember(cid, op.item, None)
+    for message_id, pause in op.pauses:
+        made.append(t.journal(cid, message_id, pause, ApprovalRequested
+                              if type(pause) is ApprovalRequest else InputRequested))
+    if op.pauses and op.turn_id is not None:
+        t.run_turn(cid, op.turn_id, waiting=True)
     return made
+
+
+def answer_pause(t: Target[Rec], op: ops.AnswerPause) -> object:
+    cid = op.conversation_id
+    t.require(cid)
+    if op.recheck and (stored := _stored(t, op)) is not None:
+        return stored
+    answer: PauseAnswer = op.answer
+    record = t.journal(cid, op.message_id, answer,
+                       ApprovalGiven if type(answer) is ApprovalAnswer else InputGiven)
+    if op.resume and op.turn_id is not None:
+        t.run_turn(cid, op.turn_id)
+    return record
 
 
 def tool_result(t: Target[Rec], op: ops.AppendToolResult) -> object:
@@ -277,6 +303,7 @@ APPLY: dict[type[Any], Callable[[Any, Any], Any]] = {
     ops.StartTurn: start_turn,
     ops.AppendToolCalls: tool_calls,
     ops.AppendToolResult: tool_result,
+    ops.AnswerPause: answer_pause,
     ops.FinishTurn: finish_turn,
     ops.Compact: compact,
     ops.RecoverTurns: recover_turns,

@@ -19,6 +19,8 @@ from agentik.wire import (
     ConversationRecord,
     Error,
     MessageRecord,
+    Pause,
+    PauseAnswer,
     ToolCall,
     ToolResult,
     UserMessage,
@@ -118,11 +120,19 @@ class StartTurn(Op[None], frozen=True, kw_only=True):
 
 
 class AppendToolCalls(Op[list[MessageRecord]], frozen=True, kw_only=True):
-    """One model round's tool calls: journal + events, one assistant item in working memory."""
+    """One model round's tool calls: journal + events, one assistant item in working memory.
+
+    ``pauses``: the calls that wait for a person (an approval, a question), journaled after the
+    calls with their events (``approval_requested``, ``input_requested``); the turn ``turn_id``
+    is then stored waiting, which start-up recovery and a cluster's takeover leave as it is (a
+    waiting turn is not running anything: it is resumed, not ended). The records returned are
+    the calls' then the pauses'."""
 
     conversation_id: str
     calls: tuple[tuple[str, ToolCall], ...]  # (message id, call)
     item: WorkingItem
+    pauses: tuple[tuple[str, Pause], ...] = ()  # (message id, request)
+    turn_id: str | None = None
     #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
     recheck: bool = False
 
@@ -132,6 +142,22 @@ class AppendToolResult(Op[MessageRecord], frozen=True, kw_only=True):
     message_id: str
     result: ToolResult
     item: WorkingItem
+    #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
+    recheck: bool = False
+
+
+class AnswerPause(Op[MessageRecord], frozen=True, kw_only=True):
+    """A person's answer to a paused call (or the deadline's denial): journaled with its event
+    (``approval_given``, ``input_given``); with ``resume`` (no other pause of the turn is still
+    open) the turn ``turn_id`` is stored running again. Whether the answer is accepted (the
+    pause open, the same answer again, 409 otherwise) is decided before, by the conversation's
+    one owner (``actors/pauses.py``)."""
+
+    conversation_id: str
+    message_id: str
+    answer: PauseAnswer
+    turn_id: str | None = None
+    resume: bool = True
     #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
     recheck: bool = False
 
@@ -290,6 +316,7 @@ AnyOp = (
     | StartTurn
     | AppendToolCalls
     | AppendToolResult
+    | AnswerPause
     | FinishTurn
     | Compact
     | RecoverTurns
@@ -302,17 +329,18 @@ AnyOp = (
 
 
 #: the ops with a rechecked form (:func:`rechecked`), by exact type
-RECHECKABLE = frozenset({AppendToolCalls, AppendToolResult, FinishTurn, StartTurn, Compact})
+RECHECKABLE = frozenset({AppendToolCalls, AppendToolResult, AnswerPause, FinishTurn, StartTurn,
+                         Compact})
 
-Recheckable = AppendToolCalls | AppendToolResult | FinishTurn | StartTurn | Compact
+Recheckable = AppendToolCalls | AppendToolResult | AnswerPause | FinishTurn | StartTurn | Compact
 
 
 def journal_ids(op: Recheckable) -> tuple[str, ...]:
     """The ids of the journal records ``op`` stores (what its recheck looks for)."""
-    if type(op) is AppendToolResult:
+    if type(op) is AppendToolResult or type(op) is AnswerPause:
         return (op.message_id,)
     if type(op) is AppendToolCalls:
-        return tuple(message_id for message_id, _ in op.calls)
+        return tuple(message_id for message_id, _ in (*op.calls, *op.pauses))
     if type(op) is FinishTurn:
         return tuple(made[0] for made in (op.assistant, op.error) if made is not None)
     return ()  # a StartTurn, a Compact: working memory only
@@ -352,7 +380,7 @@ def rechecked(op: OpT) -> OpT:
 _CLIENT_TEXT: dict[type, tuple[str, ...]] = {
     cls: ("conversation_id",) for cls in (
         DeleteConversation, AppendUserMessage, StartTurn, AppendToolCalls, AppendToolResult,
-        FinishTurn, Compact)
+        AnswerPause, FinishTurn, Compact)
 }
 _CLIENT_TEXT.update({CreateConversation: ("title",),
                      RenameConversation: ("conversation_id", "title"),

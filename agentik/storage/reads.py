@@ -46,6 +46,8 @@ class Queries(Protocol[C_contra]):
     def queued_turns(self, conn: C_contra, conversation_id: str, /
                      ) -> list[tuple[str, Message]]: ...
 
+    def waiting_turn(self, conn: C_contra, conversation_id: str, /) -> tuple[str, int] | None: ...
+
     def conversations_with_queued_turns(self, conn: C_contra, /) -> list[str]: ...
 
     def outbox_page(self, conn: C_contra, after: int, conversation_id: str | None,
@@ -132,8 +134,14 @@ class Reads(ABC, Generic[C]):
         queued when its last actor went), in the order they came: (turn id, its message)."""
         return await self._read(self.queries.queued_turns, conversation_id)
 
+    async def waiting_turn(self, conversation_id: str) -> tuple[str, int] | None:
+        """The conversation's turn that waits for a person (docs/PROTOCOL.md, "A person in the
+        loop"), if any: (turn id, its user message's seq)."""
+        return await self._read(self.queries.waiting_turn, conversation_id)
+
     async def conversations_with_queued_turns(self) -> list[str]:
-        """The conversations that have queued turns, oldest turn first."""
+        """The conversations that have queued turns or a turn waiting for a person, oldest turn
+        first (start-up loads them: the queued turns run, the waiting one waits again)."""
         return await self._read(self.queries.conversations_with_queued_turns)
 
     async def outbox_page(self, after: int, conversation_id: str | None, kind: str | None,

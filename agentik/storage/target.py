@@ -10,10 +10,14 @@ from typing import Protocol, TypeVar
 from agentik.storage import ops
 from agentik.wire import (
     AgentEvent,
+    ApprovalGiven,
+    ApprovalRequested,
     AssistantMessageEvent,
     ConversationRecord,
     DurableEvent,
     ErrorEvent,
+    InputGiven,
+    InputRequested,
     Message,
     MessageRecord,
     ToolCallEvent,
@@ -27,7 +31,8 @@ Rec = TypeVar("Rec")
 
 #: the events that carry a journal record (``Target.journal``)
 RecordEvent = (UserMessageEvent | AssistantMessageEvent | ToolCallEvent | ToolResultEvent
-               | ToolFailed | ErrorEvent)
+               | ToolFailed | ErrorEvent | ApprovalRequested | ApprovalGiven | InputRequested
+               | InputGiven)
 
 
 class Target(Protocol[Rec]):
@@ -104,7 +109,8 @@ class Target(Protocol[Rec]):
     def open_turn(self, conversation_id: str, turn_id: str, running: bool, user: Rec) -> None:
         """The turn's row, at its user message's offset (``user``: its record)."""
 
-    def run_turn(self, conversation_id: str, turn_id: str) -> None: ...
+    def run_turn(self, conversation_id: str, turn_id: str, *, waiting: bool = False) -> None:
+        """The turn's row set running (``waiting``: waiting for a person: ``ops.AnswerPause``)."""
 
     def close_turn(self, conversation_id: str, turn_id: str) -> None: ...
 

@@ -41,6 +41,7 @@ from agentik.web._state import (
 from agentik.web.errors import error_body
 from agentik.web.http import bp as http_bp
 from agentik.web.keepalive import shield_response_end
+from agentik.web.pauses import bp as pauses_bp
 from agentik.web.sse import HANDOFF, Handoff
 from agentik.web.sse import bp as sse_bp
 from agentik.web.ui import bp as ui_bp
@@ -155,6 +156,7 @@ def create_app(
     if config is not None:
         app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.register_blueprint(http_bp)
+    app.register_blueprint(pauses_bp)
     app.register_blueprint(sse_bp)
     app.register_blueprint(ws_bp)
     app.register_blueprint(usage_bp)

@@ -37,12 +37,14 @@ from agentik.web.types import (
     AgentEntry,
     AgentInfo,
     AgentList,
+    ApprovalBody,
     ClientFrame,
     CountResult,
     CreateConversationBody,
     CursorPair,
     ErrorBody,
     Health,
+    InputBody,
     InterruptBody,
     InterruptResult,
     MessageAccepted,
@@ -99,6 +101,8 @@ def _int(name: str, description: str, minimum: int = 0) -> Param:
 
 
 CID = Param("conversation_id", "path", "conversation id", required=True)
+CALL_ID = Param("call_id", "path", "a paused call's id (its pause event's call_id)",
+                required=True)
 AGENT_ID = Param("agent_id", "path", "agent id (GET /agentik/agents)", required=True)
 AFTER = Param(
     "after", "query",
@@ -167,6 +171,15 @@ ROUTES: tuple[Route, ...] = (
           "Cancel the running turn; with `turn_id`, that turn: withdrawn while it waits "
           "(it ends interrupted at once, never run), interrupted while it runs", 202,
           InterruptResult, body=InterruptBody, params=(CID,), errors=(400, 404)),
+    Route("post", "/agentik/conversations/{conversation_id}/approvals/{call_id}", "approve",
+          "Approve or refuse the paused call `call_id` (an `approval_requested` event); the "
+          "stored answer (again for the same answer; 409 for another, or once its turn ended)",
+          200, MessageRecord, body=ApprovalBody, params=(CID, CALL_ID),
+          errors=(400, 404, 409, 413)),
+    Route("post", "/agentik/conversations/{conversation_id}/inputs/{call_id}", "answer",
+          "Answer the question of the paused call `call_id` (an `input_requested` event): "
+          "`text`, or `data` for a structured answer; as approvals otherwise", 200,
+          MessageRecord, body=InputBody, params=(CID, CALL_ID), errors=(400, 404, 409, 413)),
     Route("get", "/agentik/conversations/{conversation_id}/messages", "getMessages",
           "Messages by seq, paged", 200, list[MessageRecord],
           params=(CID, _int("after_seq", "only seq > after_seq"), _int("offset", "rows to skip"),

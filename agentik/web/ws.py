@@ -10,7 +10,6 @@ docs/PROTOCOL.md). One nursery per socket holds:
   hub buffer overflows, which makes it fall back to the stored outbox — the runtime never waits;
 - the pinger: a ``ping`` frame every ``heartbeat`` seconds;
 - one task per subscription, each in its own cancel scope (unsubscribe cancels it).
-
 A message over ``config.max_body_bytes`` closes the socket with 1009. A disconnect cancels the
 handler; cancellation arrives wrapped in exception groups here, so cleanup is in ``finally``.
 """
@@ -37,6 +36,7 @@ from agentik.errors import (
     http_status,
 )
 from agentik.users import SHARED_ADMIN, Principal
+from agentik.web import pauses
 from agentik.web._state import WebState, error_response, log, log_request, state
 from agentik.web.errors import detail_of
 from agentik.web.types import (
@@ -230,11 +230,12 @@ class Session:
                 idempotency_key=frame.idempotency_key, user=user)
             return MessageAccepted(message_id=message_id)
         if isinstance(frame, InterruptTurn):
-            if frame.turn_id is not None:
-                return InterruptResult(interrupted=await agent.cancel_turn(
-                    frame.conversation_id, frame.turn_id, user=user))
-            return InterruptResult(
-                interrupted=await agent.interrupt(frame.conversation_id, user=user))
+            cid = frame.conversation_id
+            return InterruptResult(interrupted=await (
+                agent.interrupt(cid, user=user) if frame.turn_id is None
+                else agent.cancel_turn(cid, frame.turn_id, user=user)))
+        if (answered := await pauses.ws_answer(agent, frame, user)) is not None:
+            return answered  # approve, answer
         if isinstance(frame, RenameConversation):
             return await agent.rename_conversation(frame.conversation_id, frame.title, user=user)
         if isinstance(frame, DeleteConversation):

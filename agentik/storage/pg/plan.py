@@ -136,8 +136,9 @@ class Plan:
     memory_cut: list[tuple[str, int, int]] = field(default_factory=list)
     #: turns inserted by this batch: id -> (conversation_id, state, rel)
     turns: dict[str, tuple[str, str, int]] = field(default_factory=dict)
-    #: (conversation id, turn id) of turns the batch starts or ends
-    turns_running: list[tuple[str, str]] = field(default_factory=list)
+    #: turns of earlier batches set running or waiting: (conversation id, turn id, state)
+    turns_running: list[tuple[str, str, str]] = field(default_factory=list)
+    #: (conversation id, turn id) of turns the batch ends
     turns_deleted: list[tuple[str, str]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     #: A2A task seqs as read (absolute) or written by this batch ("rel", r)

@@ -141,13 +141,14 @@ class PgTarget:
     def open_turn(self, conversation_id: str, turn_id: str, running: bool, user: int) -> None:
         self.p.turns[turn_id] = (conversation_id, "running" if running else "queued", user)
 
-    def run_turn(self, conversation_id: str, turn_id: str) -> None:
+    def run_turn(self, conversation_id: str, turn_id: str, *, waiting: bool = False) -> None:
         p = self.p
+        state = "waiting" if waiting else "running"
         queued = p.turns.get(turn_id)
         if queued is not None:
-            p.turns[turn_id] = (queued[0], "running", queued[2])
+            p.turns[turn_id] = (queued[0], state, queued[2])
         else:
-            p.turns_running.append((conversation_id, turn_id))
+            p.turns_running.append((conversation_id, turn_id, state))
 
     def close_turn(self, conversation_id: str, turn_id: str) -> None:
         p = self.p

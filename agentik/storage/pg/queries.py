@@ -105,8 +105,14 @@ def queued_turns(conn: Conn, conversation_id: str) -> list[tuple[str, Message]]:
     return [(r[0], decode_message(r[1])) for r in rows]
 
 
+def waiting_turn(conn: Conn, conversation_id: str) -> tuple[str, int] | None:
+    row = conn.execute("SELECT id, seq FROM turn WHERE conversation_id = %s AND state = 'waiting' "
+                       "ORDER BY seq LIMIT 1", (conversation_id,)).fetchone()
+    return None if row is None else (row[0], int(row[1]))
+
+
 def conversations_with_queued_turns(conn: Conn) -> list[str]:
-    rows = conn.execute("SELECT conversation_id FROM turn WHERE state = 'queued' "
+    rows = conn.execute("SELECT conversation_id FROM turn WHERE state IN ('queued', 'waiting') "
                         "GROUP BY conversation_id ORDER BY min(seq)")
     return [r[0] for r in rows]
 

@@ -78,8 +78,8 @@ _TURN = """ti AS (INSERT INTO turn (id, conversation_id, state, seq)
     unnest(%(t_id)b::text[], %(t_cid)b::text[], %(t_state)b::text[], %(t_rel)b::bigint[])
     AS r(id, cid, state, rel))"""
 #: a turn is named by (conversation, id): its primary key
-_TURN_RUN = """tr AS (UPDATE turn SET state = 'running' FROM c,
-    unnest(%(tr_cid)b::text[], %(tr_id)b::text[]) AS r(cid, id)
+_TURN_RUN = """tr AS (UPDATE turn SET state = r.state FROM c,
+    unnest(%(tr_cid)b::text[], %(tr_id)b::text[], %(tr_state)b::text[]) AS r(cid, id, state)
     WHERE turn.conversation_id = r.cid AND turn.id = r.id)"""
 _TURN_END = """td AS (DELETE FROM turn USING c
     WHERE (turn.conversation_id, turn.id) IN (SELECT * FROM unnest(%(td_cid)b::text[], %(td_id)b::text[]))
@@ -283,7 +283,8 @@ def _state_rows(p: Plan, parts: list[str], args: dict[str, Any]) -> None:
                     t_state=[r[1][1] for r in t], t_rel=[r[1][2] for r in t])
     if p.turns_running:
         parts.append(_TURN_RUN)
-        args.update(tr_cid=[r[0] for r in p.turns_running], tr_id=[r[1] for r in p.turns_running])
+        args.update(tr_cid=[r[0] for r in p.turns_running], tr_id=[r[1] for r in p.turns_running],
+                    tr_state=[r[2] for r in p.turns_running])
     if p.turns_deleted or p.deleted:
         parts.append(_TURN_END)
         args.update(td_cid=[r[0] for r in p.turns_deleted], td_id=[r[1] for r in p.turns_deleted],

@@ -47,7 +47,7 @@ FROM conversation c WHERE c.id = ANY(%s::text[])
 #: ops whose plan reads nothing but the row of the conversation they name (``_load``; by exact
 #: type: an ``isinstance`` goes through msgspec's metaclass)
 _PLAIN = frozenset({ops.AppendUserMessage, ops.StartTurn, ops.AppendToolCalls,
-                    ops.AppendToolResult, ops.FinishTurn, ops.RenameConversation,
+                    ops.AppendToolResult, ops.AnswerPause, ops.FinishTurn, ops.RenameConversation,
                     ops.DeleteConversation, ops.CreateConversation})
 #: ops that may carry an Idempotency-Key
 _KEYED = frozenset({ops.CreateConversation, ops.AppendUserMessage})

@@ -216,9 +216,9 @@ class SqliteTarget:
                   user: MessageRecord) -> None:
         self.tx.turns += (conversation_id, turn_id, RUNNING if running else QUEUED, user.seq)
 
-    def run_turn(self, conversation_id: str, turn_id: str) -> None:
-        self.conn.execute("UPDATE turn SET state='running' WHERE conversation_id=? AND id=?",
-                          (conversation_id, turn_id))
+    def run_turn(self, conversation_id: str, turn_id: str, *, waiting: bool = False) -> None:
+        self.conn.execute("UPDATE turn SET state=? WHERE conversation_id=? AND id=?",
+                          ("waiting" if waiting else "running", conversation_id, turn_id))
 
     def close_turn(self, conversation_id: str, turn_id: str) -> None:
         self.conn.execute("DELETE FROM turn WHERE conversation_id=? AND id=?",

@@ -111,10 +111,18 @@ def queued_turns(conn: sqlite3.Connection, conversation_id: str) -> list[tuple[s
     return [(r[0], decode_message(r[1])) for r in rows]
 
 
+def waiting_turn(conn: sqlite3.Connection, conversation_id: str) -> tuple[str, int] | None:
+    """The conversation's turn waiting for a person, if any: (turn id, its message's seq)."""
+    row = conn.execute("SELECT id, seq FROM turn WHERE conversation_id=? AND state='waiting' "
+                       "ORDER BY seq LIMIT 1", (conversation_id,)).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
 def conversations_with_queued_turns(conn: sqlite3.Connection) -> list[str]:
-    """Conversations with queued turns (see :func:`queued_turns`), oldest turn first."""
+    """Conversations with queued turns (see :func:`queued_turns`) or a turn waiting for a person
+    (:func:`waiting_turn`), oldest turn first."""
     rows = conn.execute(
-        "SELECT conversation_id FROM turn WHERE state='queued' "
+        "SELECT conversation_id FROM turn WHERE state IN ('queued', 'waiting') "
         "GROUP BY conversation_id ORDER BY MIN(seq)").fetchall()
     return [r[0] for r in rows]
 

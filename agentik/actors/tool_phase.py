@@ -1,0 +1,101 @@
+"""A round's tool calls, run in order: the ConversationActor's tool phase, a mixin of
+``ConversationActor`` (as ``ending.py``'s endings are).
+
+A call that waits for a person (docs/PROTOCOL.md, "A person in the loop"; the rules in
+``asking.py``, the waiting in ``pausing.py``) runs only once its pause is answered: approved, the
+tool runs; refused, denied by its deadline, or answered (a question), its result says so, and
+the tool never runs. Each result goes to the model session (when there is one: a resumed turn
+opens its session from working memory after its calls) and to storage.
+"""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from agentik.actors import asking, spans
+from agentik.actors import turn as logic
+from agentik.actors.deps import AgentDeps, Deps
+from agentik.actors.handle import ConversationHandle
+from agentik.actors.memory import WorkingMemory
+from agentik.errors import ToolError
+from agentik.llm.base import LiteConversation
+from agentik.wire import AssistantItem, ToolCallSpec, ToolResult
+
+
+class ToolPhase:
+    """The tool phase of ``ConversationActor`` (which provides these attributes)."""
+
+    h: ConversationHandle
+    deps: Deps
+    agent: AgentDeps
+    memory: WorkingMemory
+    llm_conv: LiteConversation | None
+    #: the conversation's call ids so far (read from working memory at the first round with
+    #: calls): a reused one is replaced (``asking.unique_calls``)
+    call_ids: set[str] | None = None
+    #: the running turn waits for a person: a shutdown leaves it waiting, not ended
+    paused: bool = False
+
+    def pause_policy(self) -> asking.PausePolicy:
+        """Which of this round's calls wait for a person, and until when."""
+        profile = self.agent.profile
+        timeout = profile.approval_timeout
+        return asking.PausePolicy(needs_approval=profile.needs_approval,
+                                  ask_user=profile.ask_user,
+                                  deadline=time.time() + timeout if timeout else None)
+
+    async def seen_call_ids(self) -> set[str]:
+        if self.call_ids is None:
+            self.call_ids = {call.call_id for _, item in await self.memory.items()
+                             if isinstance(item, AssistantItem) for call in item.tool_calls}
+        return self.call_ids
+
+    async def run_tools(self, state: logic.TurnState, calls: list[ToolCallSpec]) -> None:
+        """Run ``calls`` in order, each result to the model and to storage. A write cut by an
+        interrupt leaves the call pending (its ending gives it a ToolFailed)."""
+        for call in calls:
+            result = await self._tool_or_answer(state, call)
+            if self.llm_conv is not None:
+                self.llm_conv.add_tool_result(call.call_id, call.name, result.content)
+            try:
+                await self.memory.write(logic.tool_done(state, result))
+            except trio.Cancelled:
+                logic.result_not_stored(state, call)
+                raise
+
+    async def _tool_or_answer(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
+        """The call's result: its pause's answer first when it has one."""
+        slot = self.h.pauses.slots.get(call.call_id)
+        if slot is None:
+            if call.name == asking.ASK_USER and self.agent.profile.ask_user:
+                return logic.tool_failure(state, call, "ask_user needs a question: "
+                                          '{"question": "...", "choices": ["...", ...]}')
+            return await self._run_tool(state, call)
+        self.paused = True  # left set when cancelled: the turn's ending reads it
+        answer = await self.h.pauses.wait(slot)
+        self.paused = False
+        result = asking.paused_result(state.turn_id, call, answer)
+        return result if result is not None else await self._run_tool(state, call)
+
+    async def _run_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
+        """Run one tool call; every failure becomes an error result (ToolFailed), never an
+        exception, so the turn goes on and the model hears what went wrong."""
+        with spans.tool(call) as span:
+            return spans.tool_done(span, call, await self._call_tool(state, call))
+
+    async def _call_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
+        try:
+            arguments = logic.parse_arguments(call.arguments)
+        except logic.BadArguments as exc:
+            return logic.tool_failure(state, call, str(exc))
+        timeout = self.deps.config.tool_timeout
+        try:
+            with trio.fail_after(timeout):
+                outcome = await self.agent.tools.call(call.name, arguments)
+        except trio.TooSlowError:
+            return logic.tool_failure(state, call, f"tool {call.name!r} timed out after {timeout:g} s")
+        except ToolError as exc:
+            return logic.tool_failure(state, call, str(exc))
+        return logic.tool_result(state, call, outcome, self.deps.config.tool_result_cap)
