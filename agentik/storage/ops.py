@@ -3,8 +3,8 @@
 What each op checks, reads and writes is defined once, for both engines, in
 ``storage/apply.py``; every durable event it produces takes the next value of the counter, and
 the state rows it writes carry that same value, so ``event offset == record seq`` holds by
-construction. Ops carry no timestamps: every time stored by a batch is the
-writer's clock at that batch (one value per transaction).
+construction. Ops carry no timestamps: every time stored by a batch is the writer's clock at
+that batch (one value per transaction).
 """
 
 from __future__ import annotations
@@ -120,21 +120,15 @@ class StartTurn(Op[None], frozen=True, kw_only=True):
 
 
 class AppendToolCalls(Op[list[MessageRecord]], frozen=True, kw_only=True):
-    """One model round's tool calls: journal + events, one assistant item in working memory.
-
-    ``pauses``: the calls that wait for a person (an approval, a question), journaled after the
-    calls with their events (``approval_requested``, ``input_requested``); the turn ``turn_id``
-    is then stored waiting, which start-up recovery and a cluster's takeover leave as it is (a
-    waiting turn is not running anything: it is resumed, not ended). The records returned are
-    the calls' then the pauses'."""
+    """One model round's tool calls: journal + events, one assistant item in working memory."""
 
     conversation_id: str
     calls: tuple[tuple[str, ToolCall], ...]  # (message id, call)
     item: WorkingItem
-    pauses: tuple[tuple[str, Pause], ...] = ()  # (message id, request)
+    #: (message id, request) of calls that wait for a person: turn ``turn_id`` waits (pausing.py)
+    pauses: tuple[tuple[str, Pause], ...] = ()
     turn_id: str | None = None
-    #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
-    recheck: bool = False
+    recheck: bool = False  # a retry after StorageOutcomeUnknownError (:func:`rechecked`)
 
 
 class AppendToolResult(Op[MessageRecord], frozen=True, kw_only=True):
@@ -147,19 +141,15 @@ class AppendToolResult(Op[MessageRecord], frozen=True, kw_only=True):
 
 
 class AnswerPause(Op[MessageRecord], frozen=True, kw_only=True):
-    """A person's answer to a paused call (or the deadline's denial): journaled with its event
-    (``approval_given``, ``input_given``); with ``resume`` (no other pause of the turn is still
-    open) the turn ``turn_id`` is stored running again. Whether the answer is accepted (the
-    pause open, the same answer again, 409 otherwise) is decided before, by the conversation's
-    one owner (``actors/pauses.py``)."""
+    """A person's answer to a paused call, journaled; with ``resume`` (no other pause of the turn
+    open) the turn is running again. Taken or not: decided before (``actors/pausing.py``)."""
 
     conversation_id: str
     message_id: str
     answer: PauseAnswer
     turn_id: str | None = None
     resume: bool = True
-    #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
-    recheck: bool = False
+    recheck: bool = False  # a retry after StorageOutcomeUnknownError (:func:`rechecked`)
 
 
 class FinishTurn(Op[list[MessageRecord]], frozen=True, kw_only=True):
@@ -329,10 +319,8 @@ AnyOp = (
 
 
 #: the ops with a rechecked form (:func:`rechecked`), by exact type
-RECHECKABLE = frozenset({AppendToolCalls, AppendToolResult, AnswerPause, FinishTurn, StartTurn,
-                         Compact})
-
 Recheckable = AppendToolCalls | AppendToolResult | AnswerPause | FinishTurn | StartTurn | Compact
+RECHECKABLE: frozenset[type] = frozenset(Recheckable.__args__)
 
 
 def journal_ids(op: Recheckable) -> tuple[str, ...]:
