@@ -30,6 +30,7 @@ from agentik.wire import (
     ToolItem,
     WorkingItem,
 )
+from tests.conftest import engine_url
 from tests.test_runtime import is_type, take_until
 
 DELETE = ToolCallSpec(call_id="c1", name="delete_file", arguments='{"path": "a.txt"}')
@@ -61,8 +62,12 @@ def model(*calls: ToolCallSpec) -> FunctionLlm:
     return FunctionLlm(reply)
 
 
+#: on the suite's engine (``conftest.ENGINE``: SQLite, then PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
+
+
 def cfg(db_path: str, **kw: Any) -> Config:
-    return Config(db_path=db_path, **{"approval": ("delete_*",), **kw})
+    return Config(db_path=db_path, database_url=engine_url(), **{"approval": ("delete_*",), **kw})
 
 
 async def until(agent: LocalAgent, cid: str, after: Cursor, stop: Callable[[CommonEvent], bool]
@@ -208,7 +213,7 @@ ASK = ToolCallSpec(call_id="q1", name="ask_user",
 
 async def test_ask_user_asks_and_the_answer_is_the_tools_result(db_path: str) -> None:
     llm = model(ASK)
-    async with open_runtime(Config(db_path=db_path, ask_user=True), llm=llm) as agent:
+    async with open_runtime(cfg(db_path, approval="never", ask_user=True), llm=llm) as agent:
         conv, seen = await paused(agent, "clean up")
         assert [t.name for t in llm.requests[0][1]] == ["ask_user"]  # offered to the model
         request = seen[-1].event.record.message  # type: ignore[union-attr]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx2
+import pytest
 import trio
 from trio_websocket import open_websocket_url
 
@@ -26,6 +27,9 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
     openai,
     serve_app,
 )
+
+#: on the suite's engine (``conftest.ENGINE``: SQLite, then PostgreSQL)
+pytestmark = pytest.mark.usefixtures("engine")
 
 
 async def test_the_answer_routes(tmp_path: Path, openai: ScriptedOpenAI) -> None:

@@ -21,6 +21,7 @@ from agentik.actors.handle import ConversationHandle
 from agentik.actors.memory import WorkingMemory
 from agentik.errors import ToolError
 from agentik.llm.base import LiteConversation
+from agentik.tools.base import CALL_META
 from agentik.wire import AssistantItem, ToolCallSpec, ToolResult
 
 
@@ -91,6 +92,8 @@ class ToolPhase:
         except logic.BadArguments as exc:
             return logic.tool_failure(state, call, str(exc))
         timeout = self.deps.config.tool_timeout
+        token = CALL_META.set({"agentik/call_id": call.call_id,
+                               "agentik/conversation_id": self.h.conversation_id})
         try:
             with trio.fail_after(timeout):
                 outcome = await self.agent.tools.call(call.name, arguments)
@@ -98,4 +101,6 @@ class ToolPhase:
             return logic.tool_failure(state, call, f"tool {call.name!r} timed out after {timeout:g} s")
         except ToolError as exc:
             return logic.tool_failure(state, call, str(exc))
+        finally:
+            CALL_META.reset(token)
         return logic.tool_result(state, call, outcome, self.deps.config.tool_result_cap)

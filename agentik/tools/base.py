@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 import msgspec
@@ -24,6 +25,14 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
     content: str
     is_error: bool = False
     structured: Any = None
+
+
+#: the ``_meta`` of the tool call being run (``agentik/call_id`` and ``agentik/conversation_id``,
+#: docs/TOOLS.md): set by the turn around each call, sent by the MCP registry with its request so
+#: a server can tell a call it has seen (a registry of plain functions has no use for it). A
+#: context variable rather than an argument: a ToolRegistry of an embedding program keeps its
+#: two-argument ``call``.
+CALL_META: ContextVar[dict[str, str] | None] = ContextVar("agentik_call_meta", default=None)
 
 
 class ToolRegistry(Protocol):

@@ -14,7 +14,8 @@ Tools:
 - ``hang()``: never returns (for timeouts and interrupts); ``calls()``: how many calls so far;
 - ``crash()``: the process exits at once (``os._exit``), as a crashing server would; ``pid()``;
 - ``environment(name)``, ``whoami()``: what the process was started with; ``big(size)``;
-- ``meta()``: the ``_meta`` the call's request carried (as JSON);
+- ``meta()``: the ``_meta`` the call's request carried (as JSON); ``tally(path)``: counts its
+  calls in a file (across restarts of the server and of agentik);
 - ``table(rows)``: structured content of any size;
 - ``grow(name)``: adds a tool ``name`` and notifies ``tools/list_changed``;
 - ``picture()``: an image content block; ``fetch.page(url)``: a name that needs sanitising.
@@ -117,6 +118,17 @@ def build(name: str = "toolbox") -> MCPServer[Any]:
         """The ``_meta`` of this call's request, as JSON (a trace's ``traceparent`` rides in it)."""
         count()
         return json.dumps(dict(ctx.request_context.meta or {}))
+
+    @server.tool()
+    def tally(path: str, ctx: Context) -> str:
+        """Count this call in the file ``path`` (one line a call, so the count outlives this
+        process); the count so far and the call's ``_meta``, as JSON."""
+        count()
+        with open(path, "a") as f:
+            f.write(json.dumps(dict(ctx.request_context.meta or {})) + "\n")
+        with open(path) as f:
+            calls = sum(1 for _ in f)
+        return json.dumps({"count": calls, "meta": dict(ctx.request_context.meta or {})})
 
     @server.tool()
     def crash() -> str:

@@ -18,7 +18,7 @@ import trio
 from mcp.client.session import ClientSession, IncomingMessage
 
 from agentik.errors import ToolError
-from agentik.tools.base import ToolOutcome
+from agentik.tools.base import CALL_META, ToolOutcome
 from agentik.tools.config import ServerConfig, StdioServerConfig
 from agentik.tools.mcp.convert import describe, outcome_from_result
 from agentik.tools.mcp.transport import WatchedReadStream, open_transport
@@ -104,7 +104,7 @@ class McpConnection:
         try:
             # (with traces on, the SDK puts the current span, the tool call's, in the request's
             # _meta as the MCP conventions say: the server continues the trace)
-            result = await session.call_tool(tool, arguments)
+            result = await session.call_tool(tool, arguments, meta=CALL_META.get())  # type: ignore[arg-type]
         except* Exception as group:
             # MCPError (an error answer, "Connection closed"), transport errors (which the SDK
             # delivers as exception groups), a malformed result: the turn goes on with ToolFailed.
