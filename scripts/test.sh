@@ -2,7 +2,8 @@
 # The one check developers and CI run: install, lint, type-check, test (on SQLite, then PostgreSQL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q --disable-pip-version-check -e '.[test,litert]'
+# Every extra: the suite tests the embedded engine (litert) and traces (otel) too.
+python -m pip install -q --disable-pip-version-check -e '.[test,litert,otel]'
 python -m ruff check agentik tests benchmarks
 python -m mypy
 python -m pytest "$@"

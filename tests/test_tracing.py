@@ -25,11 +25,17 @@ import hypercorn.config
 import hypercorn.trio
 import pytest
 import trio
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+try:  # the [otel] extra: scripts/test.sh installs it; without it the traces cannot be tested
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+except ImportError:
+    if os.environ.get("CI") == "true":  # CI installs every extra: a missing one is a failure
+        raise
+    pytest.skip("needs the [otel] extra: pip install -e '.[otel]'", allow_module_level=True)
 from quart import Response, request
 from quart_trio import QuartTrio
 from trio_websocket import open_websocket_url
