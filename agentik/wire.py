@@ -22,6 +22,7 @@ from agentik.errors import InvalidInputError
 # (``X as X``: re-exported, defined there)
 from agentik.wire_base import MAX_OFFSET as MAX_OFFSET
 from agentik.wire_base import Tagged, Wire, parse_offset
+from agentik.wire_branch import BranchPoint
 from agentik.wire_pause import ApprovalAnswer, ApprovalRequest, InputAnswer, InputRequest
 from agentik.wire_pause import Pause as Pause
 from agentik.wire_pause import PauseAnswer as PauseAnswer
@@ -102,14 +103,17 @@ class Error(Tagged, frozen=True, kw_only=True):
 
 
 Message = (UserMessage | AssistantMessage | ToolCall | ToolResult | Error | ApprovalRequest
-           | ApprovalAnswer | InputRequest | InputAnswer)
+           | ApprovalAnswer | InputRequest | InputAnswer | BranchPoint)
 
 
-class MessageRecord(Wire, frozen=True, kw_only=True):
+class MessageRecord(Wire, frozen=True, kw_only=True, omit_defaults=True):
     id: str
     seq: int
     conversation_id: str
     created_at: float
+    #: a current branch's listing: versions at this place, this one's (omitted: 1, 0; docs/PROTOCOL.md)
+    siblings: int = 1
+    sibling_index: int = 0
     message: Message
 
 
@@ -240,6 +244,10 @@ class ErrorEvent(Tagged, frozen=True, kw_only=True, tag="error"):
     record: MessageRecord
 
 
+class BranchChanged(Tagged, frozen=True, kw_only=True):
+    record: MessageRecord  # a BranchPoint
+
+
 class ConversationClosing(Tagged, frozen=True, kw_only=True):
     reason: str = "deleted"
 
@@ -273,6 +281,7 @@ DurableEvent = (
     | ApprovalGiven
     | InputRequested
     | InputGiven
+    | BranchChanged
     | ConversationClosing
     | CompactionTriggered
     | TaskUpdated
@@ -379,18 +388,6 @@ encode = _encoder.encode
 
 decode_common_event = msgspec.json.Decoder(CommonEvent).decode
 
-
-class _TypeOnly(msgspec.Struct, gc=False):
-    type: str
-
-
-class _EventTypeOnly(msgspec.Struct, gc=False):
-    event: _TypeOnly
-
-
-#: encoded CommonEvent JSON -> just its ``.event.type``: the rest is skipped, not built (~0.4 us,
-#: no objects for the garbage collector)
-decode_type_only = msgspec.json.Decoder(_EventTypeOnly).decode
 
 decode_message = msgspec.json.Decoder(Message).decode
 decode_working_item = msgspec.json.Decoder(WorkingItem).decode

@@ -55,6 +55,7 @@ def _ops(cid: str, body: str) -> list[ops.AnyOp]:
         ops.FinishTurn(conversation_id=cid, turn_id="started", item=item, interrupted=True,
                        assistant=("a1", AssistantMessage(content=[Text(body=body)])),
                        error=("e1", Error(message=body))),
+        ops.Regenerate(conversation_id=cid, turn_id="g1", of=body),  # a branch point's record
         ops.RenameConversation(conversation_id=cid, title=body),
     ]
 
@@ -80,10 +81,10 @@ def test_a_journal_record_is_its_event_s_and_its_op_s_result() -> None:
     p = _plan(cid)
     planned = [plan_op(p, op) for op in _ops(cid, "x")]
     events = p.events(40)
-    user, started, calls, result, failed, finish, _ = planned
+    user, started, calls, result, failed, finish, regenerate, _ = planned
     records: dict[str, Any] = {ev.event.event.record.id: ev.event.event.record  # type: ignore[union-attr]
                                for ev in events if hasattr(ev.event.event, "record")}
-    assert set(records) == {"u-x", "started", "t1", "t2", "r1", "r2", "a1", "e1"}
+    assert set(records) == {"u-x", "started", "t1", "t2", "r1", "r2", "a1", "e1", "g1"}
     for mid, rec in records.items():
         row = p.m_id.index(mid)
         assert rec.seq == 40 + p.m_rel[row]
@@ -93,3 +94,4 @@ def test_a_journal_record_is_its_event_s_and_its_op_s_result() -> None:
     assert [records["t1"].seq, records["t2"].seq] == [40 + r for r in calls]
     assert records["r1"].seq == 40 + result and records["r2"].seq == 40 + failed
     assert [records["a1"].seq, records["e1"].seq] == [40 + r for r in finish]
+    assert records["g1"].seq == 40 + regenerate

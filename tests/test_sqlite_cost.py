@@ -262,7 +262,7 @@ def test_coded_columns_are_stored_as_their_text(tmp_path: Path) -> None:
     assert set(tags) == {c.__struct_config__.tag for c in typing.get_args(sqlite_rows.Message)}
     assert {t for _, t in types} == {1234.5}
     assert sorted(conn.execute("SELECT id, state FROM turn")) == [
-        ("queued-one", "queued"), ("u-b", "queued")]
+        ("g1", "queued"), ("queued-one", "queued"), ("u-b", "queued")]
     w.commit_batch([ops.AppendUserMessage(conversation_id="c", message_id="s",
                                           message=UserMessage(content=[Text(body="s")]),
                                           start=UserItem(content=[Text("s")]))])

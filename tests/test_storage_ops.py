@@ -29,6 +29,7 @@ from agentik.wire import (
     ApprovalRequest,
     AssistantItem,
     AssistantMessage,
+    BranchPoint,
     Error,
     InputAnswer,
     InputRequest,
@@ -712,6 +713,120 @@ async def _webhook_log(st: Storage) -> None:
     assert got[0].at > 0
     assert [d.attempt for d in await st.reader.webhook_deliveries("k", 10)] == [lines[0]]
     assert len(await st.reader.webhook_deliveries("h", 5)) == 5
+# --- branches (docs/PROTOCOL.md "Branches") ------------------------------------------------------
+
+
+@case(ops.AppendUserMessage, "edit_of")
+async def _edit(st: Storage) -> None:
+    await create(st)
+    first = await send(st, "m")
+    edit = await st.write(ops.AppendUserMessage(
+        conversation_id="c", message_id="m2", message=UserMessage(content=[Text(body="m2")]),
+        edit_of="m"))
+    assert isinstance(edit, MessageRecord) and edit.seq == first.seq + 2
+    point, message = (await journal(st))[1:]
+    assert point.message == BranchPoint(kind="edit", message_id="m") and message == edit
+    assert [e.type for e in (await events(st))[-2:]] == ["branch_changed", "user_message"]
+    assert [turn_id for turn_id, _ in await st.reader.queued_turns("c")] == ["m", "m2"]
+    assert await st.reader.branched("c") and not await st.reader.branched("nope")
+
+
+@case(ops.Regenerate, "conversation_id", "turn_id", "of")
+async def _regenerate(st: Storage) -> None:
+    await create(st)
+    await send(st, "m")
+    record = await st.write(ops.Regenerate(conversation_id="c", turn_id="r", of="m"))
+    assert isinstance(record, MessageRecord) and record.id == "r"
+    assert record.message == BranchPoint(kind="regenerate", message_id="m")
+    assert (await events(st))[-1].type == "branch_changed"
+    # its turn is queued with the record; a StartTurn without an item starts it
+    queued = await st.reader.queued_turns("c")
+    assert queued[-1] == ("r", record.message)
+    await st.write(ops.StartTurn(conversation_id="c", turn_id="r", item=None))
+    assert await memory(st) == [SystemItem(text="sys")]
+    assert [t for t, _ in await st.reader.queued_turns("c")] == ["m"]
+    with pytest.raises(NotFoundError):
+        await st.write(ops.Regenerate(conversation_id="nope", turn_id="r2", of="m"))
+
+
+@case(ops.Regenerate, "idempotency")
+async def _regenerate_idempotent(st: Storage) -> None:
+    await create(st)
+    await send(st, "m")
+    op = ops.Regenerate(conversation_id="c", turn_id="r", of="m", idempotency=key("f"))
+    await st.write(op)
+    assert await st.write(msgspec.structs.replace(op, turn_id="r2")) == ops.Replayed(
+        result_id="r")
+    assert len(await journal(st)) == 2
+
+
+@case(ops.SwitchBranch, "conversation_id", "message_id", "to", "memory_from", "items")
+async def _switch(st: Storage) -> None:
+    await create(st)
+    await send(st, "m", start=True)
+    record = await st.write(ops.SwitchBranch(
+        conversation_id="c", message_id="s", to="m", memory_from=2,
+        items=((user("a"), "m"), (AssistantItem(content=[Text(body="b")]), None))))
+    assert isinstance(record, MessageRecord) and record.id == "s"
+    assert record.message == BranchPoint(kind="switch", message_id="m")
+    assert await memory(st) == [SystemItem(text="sys"), user("a"),
+                                AssistantItem(content=[Text(body="b")])]
+    assert (await events(st))[-1].type == "branch_changed"
+    with pytest.raises(NotFoundError):
+        await st.write(msgspec.structs.replace(record_op := ops.SwitchBranch(
+            conversation_id="c", message_id="s2", to="m", memory_from=2, items=()),
+            conversation_id="nope"))
+    await st.write(record_op)
+    assert await memory(st) == [SystemItem(text="sys")]
+
+
+@case(ops.SwitchBranch, "idempotency")
+async def _switch_idempotent(st: Storage) -> None:
+    await create(st)
+    await send(st, "m")
+    op = ops.SwitchBranch(conversation_id="c", message_id="s", to="m", memory_from=2,
+                          items=(), idempotency=key("f"))
+    await st.write(op)
+    assert await st.write(msgspec.structs.replace(op, message_id="s2")) == ops.Replayed(
+        result_id="s")
+
+
+@case(ops.ResetMemory, "conversation_id", "memory_from", "items")
+async def _reset(st: Storage) -> None:
+    await create(st)
+    await send(st, "m", start=True)
+    await st.write(ops.ResetMemory(conversation_id="c", memory_from=2, items=((user("x"), "m"),)))
+    assert await memory(st) == [SystemItem(text="sys"), user("x")]
+    await st.write(ops.ResetMemory(conversation_id="c", memory_from=3, items=((user("y"), None),)))
+    assert await memory(st) == [SystemItem(text="sys"), user("x"), user("y")]
+    with pytest.raises(NotFoundError):
+        await st.write(ops.ResetMemory(conversation_id="nope", memory_from=2, items=()))
+
+
+@case(ops.ForkConversation, "conversation_id", "title", "system_prompt", "agent", "instructions",
+      "owner", "messages", "items", "idempotency")
+async def _fork(st: Storage) -> None:
+    answer = AssistantMessage(content=[Text(body="a")], turn_id="f1")
+    op = ops.ForkConversation(
+        conversation_id="f", title="t", system_prompt="sys", agent="helper", instructions="i",
+        owner="ann", idempotency=key("x"),
+        messages=(("f1", UserMessage(content=[Text(body="q")])), ("f2", answer)),
+        items=((user("q"), "f1"), (AssistantItem(content=[Text(body="a")]), "f2")))
+    assert await st.write(op) == "f"
+    stored = await st.reader.get_conversation("f")
+    assert stored is not None and stored.seq == 3 and not stored.is_temporal
+    assert (stored.title, stored.agent, stored.instructions) == ("t", "helper", "i")
+    assert await st.reader.users_of(["f"]) == {"f": "ann"}
+    assert [(r.id, r.message) for r in await journal(st, "f")] == [
+        ("f1", UserMessage(content=[Text(body="q")])), ("f2", answer)]
+    assert await memory(st, "f") == [SystemItem(text="sys"), user("q"),
+                                     AssistantItem(content=[Text(body="a")])]
+    assert [e.type for e in await events(st)] == ["created", "user_message", "assistant_message"]
+    assert await st.reader.queued_turns("f") == []  # copies, not turns to run
+    again = msgspec.structs.replace(op, conversation_id="g", messages=(), items=())
+    assert await st.write(again) == ops.Replayed(result_id="f")
+    with pytest.raises(InvalidInputError):
+        await st.write(msgspec.structs.replace(again, title="a\x00b", idempotency=None))
 
 
 # --- the runs (after every case is registered) -----------------------------------------------

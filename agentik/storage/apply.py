@@ -32,7 +32,10 @@ from agentik.wire import (
     ApprovalGiven,
     ApprovalRequest,
     ApprovalRequested,
+    AssistantMessage,
     AssistantMessageEvent,
+    BranchChanged,
+    BranchPoint,
     CompactionTriggered,
     ConversationClosing,
     Created,
@@ -46,10 +49,13 @@ from agentik.wire import (
     Renamed,
     SystemItem,
     TaskUpdated,
+    ToolCall,
     ToolCallEvent,
     ToolFailed,
+    ToolResult,
     ToolResultEvent,
     Touched,
+    UserMessage,
     UserMessageEvent,
 )
 
@@ -136,6 +142,8 @@ def append_user(t: Target[Rec], op: ops.AppendUserMessage) -> object:
         plain = msgspec.structs.replace(op, idempotency=None)
         return idempotent(t, op.idempotency, op.message_id, lambda: append_user(t, plain))
     cid, mid, start = op.conversation_id, op.message_id, op.start
+    if op.edit_of is not None:  # the tree's rule reads it first (actors/branches.py)
+        t.journal(cid, new_id(), BranchPoint(kind="edit", message_id=op.edit_of), BranchChanged)
     record = t.journal(cid, mid, op.message, UserMessageEvent)
     t.open_turn(cid, mid, start is not None, record)
     if start is not None:
@@ -148,7 +156,8 @@ def start_turn(t: Target[Rec], op: ops.StartTurn) -> object:
     t.require(cid)
     if op.recheck and t.started(cid, op.turn_id):  # stored: its user item is in working memory
         return t.value(None)
-    t.remember(cid, op.item, op.turn_id)
+    if op.item is not None:  # (a regenerate's: its user message is in working memory)
+        t.remember(cid, op.item, op.turn_id)
     t.run_turn(cid, op.turn_id)
     return t.value(None)
 
@@ -293,6 +302,61 @@ def webhook_progress(t: Target[Rec], op: ops.WebhookProgress) -> object:
     return t.value(found)
 
 
+# --- branches (docs/PROTOCOL.md "Branches") ------------------------------------------------------
+
+
+def regenerate(t: Target[Rec], op: ops.Regenerate) -> object:
+    def write() -> object:
+        point = BranchPoint(kind="regenerate", message_id=op.of)
+        record = t.journal(op.conversation_id, op.turn_id, point, BranchChanged)
+        t.open_turn(op.conversation_id, op.turn_id, False, record)
+        return record
+    return idempotent(t, op.idempotency, op.turn_id, write)
+
+
+def _reset(t: Target[Rec], cid: str, memory_from: int, items: ops.SourcedItems) -> None:
+    t.forget(cid, memory_from)
+    for item, source in items:
+        t.remember(cid, item, source)
+
+
+def switch_branch(t: Target[Rec], op: ops.SwitchBranch) -> object:
+    def write() -> object:
+        point = BranchPoint(kind="switch", message_id=op.to)
+        record = t.journal(op.conversation_id, op.message_id, point, BranchChanged)
+        _reset(t, op.conversation_id, op.memory_from, op.items)
+        return record
+    return idempotent(t, op.idempotency, op.message_id, write)
+
+
+def reset_memory(t: Target[Rec], op: ops.ResetMemory) -> object:
+    t.require(op.conversation_id)
+    _reset(t, op.conversation_id, op.memory_from, op.items)
+    return t.value(None)
+
+
+#: the event of each record a fork copies (an error result's: ToolFailed)
+_COPIED = {UserMessage: UserMessageEvent, AssistantMessage: AssistantMessageEvent,
+           ToolCall: ToolCallEvent, ToolResult: ToolResultEvent, Error: ErrorEvent}
+
+
+def fork(t: Target[Rec], op: ops.ForkConversation) -> object:
+    """A conversation made with its history: copies of another's records (docs/PROTOCOL.md
+    "Branches" says why copies) and its working memory after its system prompt."""
+    def write() -> object:
+        cid = op.conversation_id
+        _create(t, ops.CreateConversation(
+            conversation_id=cid, title=op.title, is_temporal=False, system_prompt=op.system_prompt,
+            agent=op.agent, instructions=op.instructions, owner=op.owner))
+        for message_id, message in op.messages:
+            failed = isinstance(message, ToolResult) and message.is_error
+            t.journal(cid, message_id, message, ToolFailed if failed else _COPIED[type(message)])
+        for item, source in op.items:
+            t.remember(cid, item, source)
+        return t.value(cid)
+    return idempotent(t, op.idempotency, op.conversation_id, write)
+
+
 #: op type -> its definition: every member of ``ops.AnyOp`` (dispatched by exact type, a dict
 #: look-up: a ``match`` made an ``isinstance`` through msgspec's metaclass per case tried)
 APPLY: dict[type[Any], Callable[[Any, Any], Any]] = {
@@ -312,6 +376,10 @@ APPLY: dict[type[Any], Callable[[Any, Any], Any]] = {
     ops.PutWebhook: put_webhook,
     ops.DeleteWebhook: delete_webhook,
     ops.WebhookProgress: webhook_progress,
+    ops.Regenerate: regenerate,
+    ops.SwitchBranch: switch_branch,
+    ops.ResetMemory: reset_memory,
+    ops.ForkConversation: fork,
 }
 
 

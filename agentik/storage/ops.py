@@ -9,11 +9,19 @@ that batch (one value per transaction).
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
-
 import msgspec
 
-from agentik.errors import IdempotencyKeyReusedError, InvalidInputError
+from agentik.errors import InvalidInputError
+from agentik.storage.op_base import Idempotency as Idempotency
+from agentik.storage.op_base import Op as Op
+from agentik.storage.op_base import OpT as OpT
+from agentik.storage.op_base import Replayed as Replayed
+from agentik.storage.op_base import replay as replay
+from agentik.storage.ops_branch import ForkConversation as ForkConversation
+from agentik.storage.ops_branch import Regenerate as Regenerate
+from agentik.storage.ops_branch import ResetMemory as ResetMemory
+from agentik.storage.ops_branch import SourcedItems as SourcedItems
+from agentik.storage.ops_branch import SwitchBranch as SwitchBranch
 from agentik.wire import (
     AssistantMessage,
     ConversationRecord,
@@ -26,48 +34,6 @@ from agentik.wire import (
     UserMessage,
     WorkingItem,
 )
-
-R_co = TypeVar("R_co", covariant=True)
-#: any op (``rechecked`` keeps its type)
-OpT = TypeVar("OpT", bound="Op[Any]")
-
-
-class Op(msgspec.Struct, Generic[R_co], frozen=True, kw_only=True):
-    """An op whose result (what ``Storage.write`` returns once it is stored) is an ``R_co``."""
-
-
-class Idempotency(msgspec.Struct, frozen=True, kw_only=True):
-    """An ``Idempotency-Key`` stored with the write it came with, in the same transaction
-    (table ``idempotency_key``). A key already stored and not expired makes the write a replay:
-    nothing is written and the op's result is :class:`Replayed` (same ``fingerprint``) or
-    IdempotencyKeyReusedError (another one). ``fingerprint`` covers the route, the
-    conversation and the body. The PostgreSQL engine must keep the same contract."""
-
-    key: str
-    fingerprint: str
-    #: seconds the key is remembered (AGENTIK_IDEMPOTENCY_TTL)
-    ttl: float
-
-
-class Replayed(msgspec.Struct, frozen=True, kw_only=True):
-    """The result of an idempotent op whose key was already stored: the id its first write
-    returned (a message id, a conversation id)."""
-
-    result_id: str
-
-
-def replay(stored: tuple[str, str] | None, idem: Idempotency) -> Replayed | None:
-    """The one idempotency rule (both engines' writes and the registry's read before one):
-    ``stored`` is (fingerprint, result id) kept under ``idem.key`` and not expired. None: the
-    key is free (the write goes ahead and keeps it); the same fingerprint: the write is a replay
-    of the one that stored it; another: IdempotencyKeyReusedError."""
-    if stored is None:
-        return None
-    fingerprint, result_id = stored
-    if fingerprint != idem.fingerprint:
-        raise IdempotencyKeyReusedError(
-            "this Idempotency-Key was already used with another request")
-    return Replayed(result_id=result_id)
 
 
 class CreateConversation(Op[ConversationRecord | Replayed], frozen=True, kw_only=True):
@@ -106,6 +72,9 @@ class AppendUserMessage(Op[MessageRecord | Replayed], frozen=True, kw_only=True)
     message: UserMessage
     idempotency: Idempotency | None = None
     start: WorkingItem | None = None
+    #: an edit (docs/PROTOCOL.md "Branches"): the user message this one is a new version of; a
+    #: BranchPoint record is journaled just before it (the tree's rule: ``actors/branches.py``)
+    edit_of: str | None = None
 
 
 class StartTurn(Op[None], frozen=True, kw_only=True):
@@ -114,7 +83,8 @@ class StartTurn(Op[None], frozen=True, kw_only=True):
 
     conversation_id: str
     turn_id: str
-    item: WorkingItem
+    #: None: a regenerate's turn, whose user message is in working memory already
+    item: WorkingItem | None
     #: a retry after StorageOutcomeUnknownError (:func:`rechecked`)
     recheck: bool = False
 
@@ -315,6 +285,10 @@ AnyOp = (
     | PutWebhook
     | DeleteWebhook
     | WebhookProgress
+    | Regenerate
+    | SwitchBranch
+    | ResetMemory
+    | ForkConversation
 )
 
 
@@ -368,9 +342,9 @@ def rechecked(op: OpT) -> OpT:
 _CLIENT_TEXT: dict[type, tuple[str, ...]] = {
     cls: ("conversation_id",) for cls in (
         DeleteConversation, AppendUserMessage, StartTurn, AppendToolCalls, AppendToolResult,
-        AnswerPause, FinishTurn, Compact)
+        AnswerPause, FinishTurn, Compact, Regenerate, SwitchBranch, ResetMemory)
 }
-_CLIENT_TEXT.update({CreateConversation: ("title",),
+_CLIENT_TEXT.update({CreateConversation: ("title",), ForkConversation: ("title",),
                      RenameConversation: ("conversation_id", "title"),
                      RecoverTurns: ("conversation_id",),
                      PutA2ATask: ("task_id", "context_id", "conversation_id", "state"),

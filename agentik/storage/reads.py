@@ -34,6 +34,8 @@ class Queries(Protocol[C_contra]):
     def get_messages(self, conn: C_contra, conversation_id: str, after_seq: int, offset: int,
                      limit: int, /) -> list[MessageRecord]: ...
 
+    def branched(self, conn: C_contra, conversation_id: str, /) -> bool: ...
+
     def journal(self, conn: C_contra, conversation_id: str | None, after_seq: int,
                 up_to_seq: int | None, limit: int, /) -> list[MessageRecord]: ...
 
@@ -114,6 +116,11 @@ class Reads(ABC, Generic[C]):
         check_looked_up(conversation_id)
         return await self._read(self.queries.get_messages, conversation_id, after_seq, offset,
                                 limit)
+
+    async def branched(self, conversation_id: str) -> bool:
+        """Whether the conversation has branch points (else its journal is its one branch)."""
+        check_looked_up(conversation_id)
+        return await self._read(self.queries.branched, conversation_id)
 
     async def journal(self, conversation_id: str | None, after_seq: int, up_to_seq: int | None,
                       limit: int) -> list[MessageRecord]:

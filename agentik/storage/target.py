@@ -13,6 +13,7 @@ from agentik.wire import (
     ApprovalGiven,
     ApprovalRequested,
     AssistantMessageEvent,
+    BranchChanged,
     ConversationRecord,
     DurableEvent,
     ErrorEvent,
@@ -32,7 +33,7 @@ Rec = TypeVar("Rec")
 #: the events that carry a journal record (``Target.journal``)
 RecordEvent = (UserMessageEvent | AssistantMessageEvent | ToolCallEvent | ToolResultEvent
                | ToolFailed | ErrorEvent | ApprovalRequested | ApprovalGiven | InputRequested
-               | InputGiven)
+               | InputGiven | BranchChanged)
 
 
 class Target(Protocol[Rec]):

@@ -22,9 +22,22 @@ from agentik.wire import (
     TaskUpdated,
     decode_common_event,
     decode_message,
-    decode_type_only,
     event_type,
 )
+
+
+class _TypeOnly(msgspec.Struct, gc=False):
+    type: str
+
+
+class _EventTypeOnly(msgspec.Struct, gc=False):
+    event: _TypeOnly
+
+
+#: encoded CommonEvent JSON -> just its ``.event.type``: the rest is skipped, not built (~0.4 us,
+#: no objects for the garbage collector)
+decode_type_only = msgspec.json.Decoder(_EventTypeOnly).decode
+
 
 #: an outbox row's kind, by its event's class: the conversation list's events are ``agent``, an
 #: A2A task's change ``a2a``, every other durable event ``conversation`` (a stream filters by it)

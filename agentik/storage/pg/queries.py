@@ -66,6 +66,13 @@ def get_messages(conn: Conn, conversation_id: str, after_seq: int, offset: int, 
     return [message_of(r) for r in rows]
 
 
+def branched(conn: Conn, conversation_id: str) -> bool:
+    """Whether the conversation's journal has a branch point (docs/PROTOCOL.md "Branches")."""
+    row = conn.execute("SELECT EXISTS (SELECT 1 FROM message WHERE conversation_id = %s "
+                       "AND type = 'branch_point')", (conversation_id,)).fetchone()
+    return bool(row and row[0])
+
+
 def _where(**filters: object) -> str:
     """`` AND column = %(column)s`` for each filter given (not None): a plan for the filters at
     hand, not one that tests each parameter for NULL."""

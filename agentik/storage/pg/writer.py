@@ -48,9 +48,11 @@ FROM conversation c WHERE c.id = ANY(%s::text[])
 #: type: an ``isinstance`` goes through msgspec's metaclass)
 _PLAIN = frozenset({ops.AppendUserMessage, ops.StartTurn, ops.AppendToolCalls,
                     ops.AppendToolResult, ops.AnswerPause, ops.FinishTurn, ops.RenameConversation,
-                    ops.DeleteConversation, ops.CreateConversation})
+                    ops.DeleteConversation, ops.CreateConversation, ops.Regenerate,
+                    ops.SwitchBranch, ops.ResetMemory, ops.ForkConversation})
 #: ops that may carry an Idempotency-Key
-_KEYED = frozenset({ops.CreateConversation, ops.AppendUserMessage})
+_KEYED = frozenset({ops.CreateConversation, ops.AppendUserMessage, ops.Regenerate,
+                    ops.SwitchBranch, ops.ForkConversation})
 
 
 class PgWriter:

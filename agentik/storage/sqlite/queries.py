@@ -61,6 +61,12 @@ def get_messages(
     return [message_of(r) for r in rows]
 
 
+def branched(conn: sqlite3.Connection, conversation_id: str) -> bool:
+    """Whether the conversation's journal has a branch point (docs/PROTOCOL.md "Branches")."""
+    return conn.execute("SELECT 1 FROM message WHERE conversation_id=? AND type='branch_point' "
+                        "LIMIT 1", (conversation_id,)).fetchone() is not None
+
+
 def journal(
     conn: sqlite3.Connection,
     conversation_id: str | None,
