@@ -19,6 +19,7 @@ import msgspec
 
 from agentik.actors.deps import Deps
 from agentik.actors.registry import Registry
+from agentik.agent_branches import BranchCalls
 from agentik.agent_handles import (
     MAX_PAGE,
     Journal,
@@ -78,18 +79,16 @@ class LocalConversation(ConversationView["LocalAgent"]):
     async def get_messages(
         self, after_seq: int = 0, offset: int = 0, limit: int = 100
     ) -> list[MessageRecord]:
+        """The current branch's records (docs/PROTOCOL.md "Branches"), a page in seq order."""
         reader = self._agent._deps.storage.reader
-        page = await reader.get_messages(
-            self.id, check_non_negative("after_seq", after_seq),
-            check_non_negative("offset", offset), check_limit(limit),
-        )
+        page = await self._agent.branch_messages(self.id, after_seq, offset, limit)
         if not page and await reader.get_conversation(self.id) is None:
             raise NotFoundError(f"conversation {self.id!r} not found")
         return page
 
 
-class LocalAgent:
-    """The in-process Agent."""
+class LocalAgent(BranchCalls):
+    """The in-process Agent (its branch calls: ``agent_branches.py``)."""
 
     def __init__(self, deps: Deps, registry: Registry, peers: Peers | None = None) -> None:
         self._deps = deps
@@ -390,9 +389,8 @@ class LocalAgent:
             raise NotFoundError(f"conversation {conversation_id!r} not found")
         messages: list[MessageRecord] = []
         after = 0
-        while True:
-            page = await self._deps.storage.reader.get_messages(conversation_id, after, 0, MAX_PAGE
-            )
+        while True:  # the current branch (one read of the tree when it has branches)
+            page = await self.branch_messages(conversation_id, after, 0, MAX_PAGE)
             messages.extend(page)
             if len(page) < MAX_PAGE:
                 break

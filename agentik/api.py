@@ -18,7 +18,15 @@ from typing import Any, Generic, Protocol, TypeVar
 import msgspec
 
 from agentik.errors import InvalidInputError
-from agentik.wire import Content, ConversationRecord, Image, MessageContext, MessageRecord, Text
+from agentik.wire import (
+    ChatSnapshot,
+    Content,
+    ConversationRecord,
+    Image,
+    MessageContext,
+    MessageRecord,
+    Text,
+)
 
 T = TypeVar("T")
 
@@ -61,6 +69,26 @@ class ConversationOwner(Protocol):
     async def rename_conversation(
         self, conversation_id: str, title: str | None
     ) -> ConversationRecord: ...
+
+    async def edit(
+        self, conversation_id: str, message_id: str, content: Sequence[Content] | Content | str,
+        context: MessageContext | None = None, *, on_busy: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> str: ...
+
+    async def regenerate(self, conversation_id: str, message_id: str, *,
+                         on_busy: str | None = None, idempotency_key: str | None = None
+                         ) -> str: ...
+
+    async def switch_branch(self, conversation_id: str, message_id: str, *,
+                            on_busy: str | None = None, idempotency_key: str | None = None
+                            ) -> ChatSnapshot: ...
+
+    async def fork(self, conversation_id: str, message_id: str, *, title: str | None = None,
+                   idempotency_key: str | None = None) -> ConversationView[Any]: ...
+
+    async def siblings(self, conversation_id: str, message_id: str
+                       ) -> list[MessageRecord]: ...
 
 
 A = TypeVar("A", bound=ConversationOwner)
@@ -126,6 +154,40 @@ class ConversationView(Generic[A]):
         """Answer the question the paused call ``call_id`` asks (an ``input_requested``
         event): ``text``, or ``data`` for a structured answer; as :meth:`approve` otherwise."""
         return await self._agent.answer(self.id, call_id, text, data=data)
+
+    # branches (docs/PROTOCOL.md "Branches")
+
+    async def edit(self, message_id: str, content: Sequence[Content] | Content | str,
+                   context: MessageContext | None = None, *, on_busy: str | None = None,
+                   idempotency_key: str | None = None) -> str:
+        """A new version of the user message ``message_id``, answered on the branch it is on
+        (the current branch moves to it); returns the new message's id."""
+        return await self._agent.edit(self.id, message_id, content, context, on_busy=on_busy,
+                                      idempotency_key=idempotency_key)
+
+    async def regenerate(self, message_id: str, *, on_busy: str | None = None,
+                         idempotency_key: str | None = None) -> str:
+        """A new answer to the user message ``message_id`` answers (or is); returns the new
+        turn's id (its events carry it)."""
+        return await self._agent.regenerate(self.id, message_id, on_busy=on_busy,
+                                            idempotency_key=idempotency_key)
+
+    async def switch_branch(self, message_id: str, *, on_busy: str | None = None,
+                            idempotency_key: str | None = None) -> ChatSnapshot:
+        """Make the version ``message_id`` current (with the newest path below it); returns
+        the conversation as it then is."""
+        return await self._agent.switch_branch(self.id, message_id, on_busy=on_busy,
+                                               idempotency_key=idempotency_key)
+
+    async def fork(self, message_id: str, *, title: str | None = None,
+                   idempotency_key: str | None = None) -> ConversationView[Any]:
+        """A new conversation whose history is this one's up to ``message_id``."""
+        return await self._agent.fork(self.id, message_id, title=title,
+                                      idempotency_key=idempotency_key)
+
+    async def siblings(self, message_id: str) -> list[MessageRecord]:
+        """Every version at ``message_id``'s place, oldest first."""
+        return await self._agent.siblings(self.id, message_id)
 
     async def rename(self, title: str | None) -> ConversationRecord:
         self.record = await self._agent.rename_conversation(self.id, title)

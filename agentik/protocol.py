@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from agentik.protocol_branches import BranchCommand
 from agentik.wire import (
     CommonEvent,
     Content,
@@ -323,7 +324,7 @@ class GetSnapshot(Tagged, frozen=True, kw_only=True, tag="snapshot"):
 
 Command = (
     CreateConversation | GetConversation | ListConversations | SendMessage | InterruptTurn
-    | Approve | Answer | RenameConversation | DeleteConversation | GetSnapshot
+    | Approve | Answer | RenameConversation | DeleteConversation | GetSnapshot | BranchCommand
 )
 
 ClientFrame = Subscribe | Unsubscribe | Ping | Pong | Command

@@ -30,7 +30,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.tracing: OpenTelemetry spans (optional extra), a leaf like metrics
     "types": ("agentik.wire", "agentik.wire_base", "agentik.wire_pause", "agentik.errors",
               "agentik.protocol", "agentik.metrics", "agentik.api",
-              "agentik.ids", "agentik.content", "agentik.tracing"),
+              "agentik.ids", "agentik.content", "agentik.tracing", "agentik.protocol_branches",
+              "agentik.wire_branch"),
     # agentik.users / agentik.limits: principals and per-user limits, pure like the config;
     # agentik.profiles: the agents file, parsed and checked (pure, beside the settings)
     "config": ("agentik.config", "agentik.config_values", "agentik.users", "agentik.limits",
@@ -49,7 +50,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "facade": (
         "agentik", "agentik.runtime", "agentik.agent", "agentik.agent_handles",
         "agentik.agent_users", "agentik.testing",
-        "agentik.cluster",
+        "agentik.cluster", "agentik.agent_branches",
     ),
     # agentik.sse: the SSE frame and bodies both front doors use (below web/ and a2a/);
     # agentik.parking: how its bodies wait between a live stream's tokens

@@ -28,6 +28,7 @@ from agentik import context as ctx
 from agentik import metrics, tracing
 from agentik.actors import asking, compaction, spans, summary
 from agentik.actors import turn as logic
+from agentik.actors.branch_turns import BranchTurns
 from agentik.actors.ending import TurnEndings, turn_fields
 from agentik.actors.handle import ConversationHandle
 from agentik.actors.memory import WorkingMemory
@@ -57,7 +58,7 @@ class _TooBig(Exception):
         self.forget_from = forget_from
 
 
-class ConversationActor(TurnEndings, ToolPhase):
+class ConversationActor(TurnEndings, ToolPhase, BranchTurns):
     """One incarnation; the supervisor makes a new one after a crash."""
 
     def __init__(self, handle: ConversationHandle) -> None:
@@ -118,10 +119,18 @@ class ConversationActor(TurnEndings, ToolPhase):
         h = self.h
         if not await self._take(turn):
             return
+        if turn.branch == "switch":
+            try:
+                await self._switch(turn)
+            finally:
+                h.current = None
+            return
         state = logic.TurnState(conversation_id=self.h.conversation_id, turn_id=turn.turn_id)
         if turn.withdrawn:
             await self._withdrawn(turn, state)
             return
+        if turn.branch is not None:
+            await self._to_branch(turn)
         h.interrupt_requested = False
         with spans.turn(self.agent.profile, h.conversation_id, turn) as span:
             await self._run_turn(turn, state, span)
@@ -229,7 +238,7 @@ class ConversationActor(TurnEndings, ToolPhase):
             await self.run_tools(state, turn.resume.pending)
             content = None
         else:
-            start = logic.start(state, turn.content)
+            start = logic.start(state, turn.content, item=turn.branch != "regenerate")
             if turn.started:
                 self.memory.stored(start)  # committed with its message (ops.AppendUserMessage)
             else:

@@ -24,6 +24,7 @@ from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.messages import MailboxMessage, Turn
 from agentik.actors.pausing import Pauses
 from agentik.errors import (
+    AgentikError,
     BusyError,
     ConversationFailedError,
     MailboxFullError,
@@ -132,19 +133,67 @@ class ConversationHandle:
         meanwhile), IdempotencyKeyReusedError, StorageError; HandleClosed if this handle was just
         passivated.
         """
+        if self.pauses.question() is not None and not self.failed:
+            return await self._answer_question(content)
+        turn = self._queue(Turn(turn_id=new_id(), content=content, context=context), on_busy)
+        return await self._store(turn, ops.AppendUserMessage(
+            conversation_id=self.conversation_id, message_id=turn.turn_id,
+            message=UserMessage(content=turn.content, context=turn.context),
+            idempotency=idempotency,
+            start=logic.user_item(turn.content) if turn.started else None))
+
+    async def edit(self, of: str, content: list[Content], context: MessageContext | None, *,
+                   on_busy: str | None = None, idempotency: ops.Idempotency | None = None) -> str:
+        """As :meth:`submit`, for a new version of the user message ``of`` (docs/PROTOCOL.md
+        "Branches"): its turn starts on the branch ``of`` is on, before ``of``."""
+        turn = self._queue(Turn(turn_id=new_id(), content=content, context=context,
+                                branch="edit", of=of), on_busy)
+        return await self._store(turn, ops.AppendUserMessage(
+            conversation_id=self.conversation_id, message_id=turn.turn_id,
+            message=UserMessage(content=content, context=context), idempotency=idempotency,
+            edit_of=of))
+
+    async def regenerate(self, of: str, *, on_busy: str | None = None,
+                         idempotency: ops.Idempotency | None = None) -> str:
+        """Queue a new answer to the user message ``of``; returns its turn's id once stored."""
+        turn = self._queue(Turn(turn_id=new_id(), content=[], context=None, branch="regenerate",
+                                of=of), on_busy)
+        return await self._store(turn, ops.Regenerate(
+            conversation_id=self.conversation_id, turn_id=turn.turn_id, of=of,
+            idempotency=idempotency))
+
+    async def switch(self, to: str, *, on_busy: str | None = None,
+                     idempotency: ops.Idempotency | None = None) -> str:
+        """Make the version ``to`` current, in its place among the turns (the busy policy as
+        for a send): returns its BranchPoint record's id once the actor has stored it."""
+        turn = self._queue(Turn(turn_id=new_id(), content=[], context=None, branch="switch",
+                                of=to, idempotency=idempotency), on_busy)
+        turn.settle(True)  # nothing to store before its time: the actor stores it
+        await turn.done.wait()
+        if isinstance(turn.outcome, AgentikError):
+            raise turn.outcome
+        assert turn.outcome is not None
+        return turn.outcome.result_id if isinstance(turn.outcome, ops.Replayed) else \
+            turn.outcome.id
+
+    def _queue(self, turn: Turn, on_busy: str | None) -> Turn:
+        """Put ``turn`` in the mailbox, as ``on_busy`` (default: the agent's busy policy) says
+        for a busy conversation: ``queue`` waits its turn, ``reject`` raises BusyError,
+        ``interrupt`` interrupts the running turn and queues this one. Raises
+        ConversationFailedError, MailboxFullError; HandleClosed."""
         if self.failed:
             raise ConversationFailedError(
                 f"conversation {self.conversation_id!r} crashed too often and takes no more turns"
             )
-        if self.pauses.question() is not None:
-            return await self._answer_question(content)
         policy = on_busy or self.agent.profile.busy_policy
         busy = self.busy()
         if busy and policy == "reject":
             metrics.BUSY_REJECTIONS.inc()
             raise BusyError(f"conversation {self.conversation_id!r} is running a turn")
         handed = self.idle and not busy  # the actor waits in its mailbox: it gets this turn
-        turn = Turn(turn_id=new_id(), content=content, context=context, started=handed)
+        # a plain send to an idle conversation starts with its message; a branch turn first
+        # moves working memory to its branch (the actor does, when it takes it)
+        turn.started = handed and turn.branch is None
         try:
             self.mailbox.send_nowait(turn)
         except trio.WouldBlock:
@@ -165,7 +214,7 @@ class ConversationHandle:
             self.current = turn
         if busy and policy == "interrupt":
             self.interrupt()
-        return await self._store(turn, idempotency)
+        return turn
 
     async def _answer_question(self, content: list[Content]) -> str:
         """A message sent while a question waits is its answer (its text): the answer's id."""
@@ -177,22 +226,15 @@ class ConversationHandle:
         assert record is not None  # the pause is open: it takes it, or raises
         return record.id
 
-    async def _store(self, turn: Turn, idempotency: ops.Idempotency | None) -> str:
-        """Store the queued ``turn``'s user message and settle the turn (run it or skip it)."""
+    async def _store(self, turn: Turn, op: ops.AppendUserMessage | ops.Regenerate) -> str:
+        """Store the queued ``turn``'s user message (or regenerate record) and settle the turn
+        (run it or skip it)."""
         ok = False
         try:
             # Shielded: once queued, the store must finish and settle the turn, or the actor
             # would wait on it and the turn row would dangle.
             with trio.CancelScope(shield=True):
-                result: MessageRecord | ops.Replayed = await self.deps.storage.write(
-                    ops.AppendUserMessage(
-                        conversation_id=self.conversation_id,
-                        message_id=turn.turn_id,
-                        message=UserMessage(content=turn.content, context=turn.context),
-                        idempotency=idempotency,
-                        start=logic.user_item(turn.content) if turn.started else None,
-                    )
-                )
+                result: MessageRecord | ops.Replayed = await self.deps.storage.write(op)
             if isinstance(result, ops.Replayed):
                 return result.result_id  # a retry that raced its first write: nothing runs
             ok = True

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 from agentik import tracing
 from agentik.actors.pausing import Resume
+from agentik.errors import AgentikError
 from agentik.storage import ops
-from agentik.wire import Content, MessageContext
+from agentik.wire import Content, MessageContext, MessageRecord
 
 
 @dataclass(eq=False)
@@ -42,6 +43,15 @@ class Turn:
     #: a turn that waited for a person when its last actor went (``pausing.load_waiting``): it
     #: goes on from its pauses rather than from its message
     resume: Resume | None = None
+    #: a branch turn (docs/PROTOCOL.md "Branches"): "edit" (its message is a new version of
+    #: another), "regenerate" (a new answer to the user message ``of``; ``content`` is read when
+    #: it starts) or "switch" (no model: the version ``of`` becomes current, stored by the actor,
+    #: which then sets ``done`` with the BranchPoint record or the error refusing it)
+    branch: str | None = None
+    of: str | None = None
+    idempotency: ops.Idempotency | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    outcome: MessageRecord | ops.Replayed | AgentikError | None = None
     #: the sender's trace context (its request's span), taken along to the actor's task, where
     #: the turn's span is its child (None while traces are off)
     trace: Context | None = field(default_factory=tracing.carry)

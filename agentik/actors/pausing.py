@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
+from agentik.actors.branches import read_tree
 from agentik.errors import ConflictError, NotFoundError, RuntimeClosedError, StorageError
 from agentik.ids import new_id
 from agentik.storage import ops
@@ -32,6 +33,7 @@ from agentik.storage.health import RETRY
 from agentik.wire import (
     ApprovalAnswer,
     ApprovalRequest,
+    BranchPoint,
     InputAnswer,
     InputRequest,
     MessageRecord,
@@ -210,6 +212,8 @@ async def load_waiting(storage: Storage, conversation_id: str
     turn_id, seq = waiting
     records = await _journal(storage, conversation_id, seq - 1)
     user = records[0].message if records else None
+    if isinstance(user, BranchPoint):  # a regenerate's turn: the user message it answers
+        user = (await read_tree(storage.reader, conversation_id)).records[user.message_id].message
     if not isinstance(user, UserMessage):
         return None  # its message is gone (cannot be: it is kept with the turn row)
     return turn_id, user, resume_of(turn_id, records[1:])

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
 import trio
 
 from agentik import metrics
+from agentik.actors.branches import read_tree
 from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.handle import ConversationHandle, HandleClosed
 from agentik.actors.messages import MailboxMessage, Turn
@@ -31,6 +32,7 @@ from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.health import RETRY
 from agentik.wire import (
+    BranchPoint,
     Content,
     ConversationRecord,
     MessageContext,
@@ -97,11 +99,18 @@ class Registry:
         kill, a restart, a node lost): they run first, in order, as stored turns."""
         rows = await self.deps.storage.reader.queued_turns(conversation_id)
         turns = []
+        # which are edits: the tree knows (a restart's rare path: the journal is read once)
+        edits = (await read_tree(self.deps.storage.reader, conversation_id)).edits if rows else ()
         for turn_id, message in rows:
-            assert isinstance(message, UserMessage)  # a turn row's message is its user message
             # trace=None: their senders' contexts died with the process; not whoever woke us
-            turn = Turn(turn_id=turn_id, content=list(message.content), context=message.context,
-                        trace=None)
+            if isinstance(message, BranchPoint):  # a regenerate's (docs/PROTOCOL.md "Branches")
+                turn = Turn(turn_id=turn_id, content=[], context=None, trace=None,
+                            branch="regenerate", of=message.message_id)
+            else:
+                assert isinstance(message, UserMessage)  # else a turn row's is its user message
+                turn = Turn(turn_id=turn_id, content=list(message.content),
+                            context=message.context, trace=None,
+                            branch="edit" if turn_id in edits else None)
             turn.settle(True)
             turns.append(turn)
         if turns:
@@ -207,6 +216,16 @@ class Registry:
         A handle passivated between lookup and send is looked up again. Raises NotFoundError,
         MailboxFullError, BusyError, ConversationFailedError, IdempotencyKeyReusedError,
         StorageError, RuntimeClosedError."""
+        return await self.submit_to(conversation_id, lambda handle: handle.submit(
+            content, context, on_busy=on_busy, idempotency=idempotency), idempotency)
+
+    async def submit_to(self, conversation_id: str,
+                        call: Callable[[ConversationHandle], Awaitable[str]],
+                        idempotency: ops.Idempotency | None) -> str:
+        """``call`` on the conversation's handle (cold-loading it; a replayed ``idempotency``
+        key returns the first write's id and calls nothing), looked up again when it was
+        passivated meanwhile: a send, an edit, a regenerate, a switch. Raises NotFoundError,
+        RuntimeClosedError and what ``call`` raises."""
         if idempotency is not None:
             replayed = await self._replayed(idempotency)
             if replayed is not None:
@@ -216,8 +235,7 @@ class Registry:
             if handle is None:
                 raise NotFoundError(f"conversation {conversation_id!r} not found")
             try:
-                return await handle.submit(
-                    content, context, on_busy=on_busy, idempotency=idempotency)
+                return await call(handle)
             except HandleClosed:
                 continue
         raise RuntimeClosedError(f"conversation {conversation_id!r} keeps closing")

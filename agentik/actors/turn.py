@@ -82,12 +82,14 @@ class TurnState:
     pending_calls: list[ToolCallSpec] = field(default_factory=list)
 
 
-def start(state: TurnState, content: list[Content]) -> ops.StartTurn:
+def start(state: TurnState, content: list[Content], *, item: bool = True) -> ops.StartTurn:
     """The op that opens the turn: its user message enters working memory now (not when it was
     queued), so it can never land between another turn's question and answer. (A message sent
-    to an idle conversation is stored with this item already: ``ops.AppendUserMessage.start``.)"""
+    to an idle conversation is stored with this item already: ``ops.AppendUserMessage.start``.)
+    Without ``item`` (a regenerate: its user message is in working memory already) it only
+    marks the turn running."""
     return ops.StartTurn(conversation_id=state.conversation_id, turn_id=state.turn_id,
-                         item=user_item(content))
+                         item=user_item(content) if item else None)
 
 
 def user_item(content: list[Content]) -> UserItem:

@@ -22,6 +22,10 @@ def conversation_path(conversation_id: str) -> str:
     return f"/agentik/conversations/{quote(conversation_id, safe='')}"
 
 
+def message_path(conversation_id: str, message_id: str) -> str:
+    return f"{conversation_path(conversation_id)}/messages/{quote(message_id, safe='')}"
+
+
 class HttpJournal:
     """Journal reads by seq (``GET /agentik/journal``)."""
 

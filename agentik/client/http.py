@@ -32,6 +32,7 @@ from agentik.client.handles import (
     HttpOnlineOutbox,
     HttpOutbox,
     conversation_path,
+    message_path,
 )
 from agentik.client.streams import OnOpen, decode_answer, read_durable, read_live
 from agentik.errors import NotFoundError, RuntimeClosedError, StorageError
@@ -49,6 +50,7 @@ from agentik.protocol import (
     SendMessageBody,
     ToolsStatus,
 )
+from agentik.protocol_branches import BranchBody, EditMessageBody, ForkBody, RegenerateBody
 from agentik.wire import (
     ChatSnapshot,
     CommonEvent,
@@ -255,6 +257,54 @@ class AgentikAgent:
         raw = await self._idempotent_write(
             f"{conversation_path(conversation_id)}/messages", body, idempotency_key)
         return decode_answer(raw, MessageAccepted).message_id
+
+    # --- branches (docs/PROTOCOL.md "Branches") ------------------------------------------------
+
+    async def edit(
+        self, conversation_id: str, message_id: str, content: Sequence[Content] | Content | str,
+        context: MessageContext | None = None, *, on_busy: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """A new version of the user message ``message_id``, answered on its branch; returns
+        the new message's id. Idempotent and retried like :meth:`send`."""
+        body = encode(EditMessageBody(content=as_content(content), context=context,
+                                      on_busy=cast(Any, on_busy)))
+        raw = await self._idempotent_write(
+            f"{message_path(conversation_id, message_id)}/edit", body, idempotency_key)
+        return decode_answer(raw, MessageAccepted).message_id
+
+    async def regenerate(self, conversation_id: str, message_id: str, *,
+                         on_busy: str | None = None, idempotency_key: str | None = None) -> str:
+        """A new answer to the user message ``message_id`` answers (or is); returns its turn's
+        id. Idempotent and retried like :meth:`send`."""
+        raw = await self._idempotent_write(
+            f"{message_path(conversation_id, message_id)}/regenerate",
+            encode(RegenerateBody(on_busy=cast(Any, on_busy))), idempotency_key)
+        return decode_answer(raw, MessageAccepted).message_id
+
+    async def switch_branch(self, conversation_id: str, message_id: str, *,
+                            on_busy: str | None = None, idempotency_key: str | None = None
+                            ) -> ChatSnapshot:
+        """Make the version ``message_id`` current (the newest path below it); returns the
+        conversation as it then is."""
+        raw = await self._idempotent_write(
+            f"{conversation_path(conversation_id)}/branch",
+            encode(BranchBody(message_id=message_id, on_busy=cast(Any, on_busy))),
+            idempotency_key)
+        return decode_answer(raw, ChatSnapshot)
+
+    async def fork(self, conversation_id: str, message_id: str, *, title: str | None = None,
+                   idempotency_key: str | None = None) -> HttpConversation:
+        """A new conversation whose history is this one's up to ``message_id``."""
+        raw = await self._idempotent_write(
+            f"{conversation_path(conversation_id)}/fork",
+            encode(ForkBody(message_id=message_id, title=title)), idempotency_key)
+        return HttpConversation(self, decode_answer(raw, ConversationRecord))
+
+    async def siblings(self, conversation_id: str, message_id: str) -> list[MessageRecord]:
+        """Every version at ``message_id``'s place, oldest first."""
+        raw = await self._request("GET", f"{message_path(conversation_id, message_id)}/siblings")
+        return decode_answer(raw, list[MessageRecord])
 
     async def _idempotent_write(self, path: str, body: bytes, key: str | None) -> bytes:
         headers = {"Idempotency-Key": key or uuid.uuid4().hex}

@@ -26,7 +26,7 @@ import msgspec
 from agentik.errors import ConflictError, StorageError
 from agentik.ids import new_id
 from agentik.storage import ops
-from agentik.storage.target import Rec, Target
+from agentik.storage.target import Rec, RecordEvent, Target
 from agentik.wire import (
     ApprovalAnswer,
     ApprovalGiven,
@@ -336,8 +336,9 @@ def reset_memory(t: Target[Rec], op: ops.ResetMemory) -> object:
 
 
 #: the event of each record a fork copies (an error result's: ToolFailed)
-_COPIED = {UserMessage: UserMessageEvent, AssistantMessage: AssistantMessageEvent,
-           ToolCall: ToolCallEvent, ToolResult: ToolResultEvent, Error: ErrorEvent}
+_COPIED: dict[type, type[RecordEvent]] = {
+    UserMessage: UserMessageEvent, AssistantMessage: AssistantMessageEvent,
+    ToolCall: ToolCallEvent, ToolResult: ToolResultEvent, Error: ErrorEvent}
 
 
 def fork(t: Target[Rec], op: ops.ForkConversation) -> object:

@@ -38,6 +38,7 @@ from agentik.web._state import (
     log_request,
     state,
 )
+from agentik.web.branches import bp as branches_bp
 from agentik.web.errors import error_body
 from agentik.web.http import bp as http_bp
 from agentik.web.keepalive import shield_response_end
@@ -157,6 +158,7 @@ def create_app(
         app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.register_blueprint(http_bp)
     app.register_blueprint(pauses_bp)
+    app.register_blueprint(branches_bp)
     app.register_blueprint(sse_bp)
     app.register_blueprint(ws_bp)
     app.register_blueprint(usage_bp)

@@ -2,14 +2,12 @@
 
 The route table below is the one list of routes in this module; the schemas of every body are
 generated from the msgspec types (``msgspec.json.schema_components``), so they cannot drift from
-what the server decodes and encodes. ``tests/test_web_docs.py`` checks that the table matches
-the app's URL map.
+what the server decodes and encodes. ``tests/test_web_docs.py`` checks it against the URL map.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -33,6 +31,7 @@ from agentik.openai_api.types import (
     Model,
     ModelList,
 )
+from agentik.web.openapi_parts import BRANCH_ROUTES, CID, IDEMPOTENCY_KEY, Param, Route, _int
 from agentik.web.types import (
     AgentEntry,
     AgentInfo,
@@ -68,39 +67,6 @@ SSE = "text/event-stream"
 HTML = "text/html"
 
 
-@dataclass(frozen=True)
-class Param:
-    name: str
-    where: str  # "query" | "path" | "header"
-    description: str
-    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
-    required: bool = False
-
-
-@dataclass(frozen=True)
-class Route:
-    method: str
-    path: str
-    operation_id: str
-    summary: str
-    ok: int
-    ok_type: Any = None  # a msgspec type; None = no body
-    ok_media: str = "application/json"
-    body: Any = None
-    params: tuple[Param, ...] = ()
-    errors: tuple[int, ...] = ()
-    query_token: bool = False
-    open: bool = False  # no auth
-    #: the body of the error answers when it is not ErrorBody (/healthz, /readyz answer 503
-    #: with their own report)
-    error_type: Any = None
-
-
-def _int(name: str, description: str, minimum: int = 0) -> Param:
-    return Param(name, "query", description, {"type": "integer", "minimum": minimum})
-
-
-CID = Param("conversation_id", "path", "conversation id", required=True)
 CALL_ID = Param("call_id", "path", "a paused call's id (its pause event's call_id)",
                 required=True)
 AGENT_ID = Param("agent_id", "path", "agent id (GET /agentik/agents)", required=True)
@@ -113,12 +79,6 @@ LAST_EVENT_ID = Param(
     "Last-Event-ID", "header", "set by a reconnecting EventSource; wins over `after`",
 )
 ACCESS_TOKEN = Param("access_token", "query", "bearer token, for clients that cannot set headers")
-IDEMPOTENCY_KEY = Param(
-    "Idempotency-Key", "header",
-    "makes a retry return the first answer and store nothing (kept AGENTIK_IDEMPOTENCY_TTL, "
-    "24 h by default; the same key with another request: 422)",
-    {"type": "string", "minLength": 1, "maxLength": 255},
-)
 KIND = Param(
     "kind", "query",
     "only events of this kind: `agent` (created, renamed, touched, deleted), `conversation` "
@@ -181,22 +141,21 @@ ROUTES: tuple[Route, ...] = (
           "`text`, or `data` for a structured answer; as approvals otherwise", 200,
           MessageRecord, body=InputBody, params=(CID, CALL_ID), errors=(400, 404, 409, 413)),
     Route("get", "/agentik/conversations/{conversation_id}/messages", "getMessages",
-          "Messages by seq, paged", 200, list[MessageRecord],
+          "The current branch's messages by seq, paged", 200, list[MessageRecord],
           params=(CID, _int("after_seq", "only seq > after_seq"), _int("offset", "rows to skip"),
                   _int("limit", "1..1000, default 100", 1)),
           errors=(400, 404)),
     Route("get", "/agentik/conversations/{conversation_id}/snapshot", "chatSnapshot",
-          "One conversation and all its messages at a cursor", 200, ChatSnapshot,
+          "One conversation and its current branch's messages at a cursor", 200, ChatSnapshot,
           params=(CID,), errors=(404,)),
-    Route("get", "/agentik/journal", "journal", "Journal records by seq", 200,
-          list[MessageRecord],
+    *BRANCH_ROUTES,
+    Route("get", "/agentik/journal", "journal", "Journal records by seq", 200, list[MessageRecord],
           params=(Param("conversation_id", "query", "only this conversation"),
                   _int("after_seq", "only seq > after_seq"),
                   _int("up_to_seq", "only seq <= up_to_seq"),
                   _int("limit", "1..1000, default 100", 1)),
           errors=(400,)),
-    Route("get", "/agentik/journal/count", "journalCount", "Count of journal records", 200,
-          CountResult,
+    Route("get", "/agentik/journal/count", "journalCount", "Count of journal records", 200, CountResult,
           params=(Param("conversation_id", "query", "only this conversation"),
                   _int("after_seq", "only seq > after_seq")),
           errors=(400,)),

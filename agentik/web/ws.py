@@ -28,15 +28,10 @@ from quart import Blueprint, Response, websocket
 from agentik import metrics, tracing
 from agentik.agent import LocalAgent
 from agentik.api import decode_client_json
-from agentik.errors import (
-    AgentikError,
-    InvalidInputError,
-    NotFoundError,
-    RuntimeClosedError,
-    http_status,
-)
+from agentik.errors import AgentikError, InvalidInputError, NotFoundError, RuntimeClosedError, http_status
+from agentik.protocol_branches import BRANCH_COMMANDS
 from agentik.users import SHARED_ADMIN, Principal
-from agentik.web import pauses
+from agentik.web import branches, pauses
 from agentik.web._state import WebState, error_response, log, log_request, state
 from agentik.web.errors import detail_of
 from agentik.web.types import (
@@ -244,6 +239,8 @@ class Session:
             return None
         if isinstance(frame, GetSnapshot):
             return await agent.chat_snapshot(frame.conversation_id, user=user)
+        if isinstance(frame, BRANCH_COMMANDS):
+            return await branches.command(agent, frame, who, user)
         if isinstance(frame, Unsubscribe):
             entry = self.subs.pop(frame.subscription, None)
             if entry is None:
