@@ -30,6 +30,7 @@ from agentik.agent_handles import (
     check_non_negative,
 )
 from agentik.agent_users import UserScope
+from agentik.agent_webhooks import Webhooks
 from agentik.api import ConversationView, as_content
 from agentik.cluster import Peers
 from agentik.config import BUSY_POLICIES
@@ -90,7 +91,8 @@ class LocalConversation(ConversationView["LocalAgent"]):
 class LocalAgent(BranchCalls):
     """The in-process Agent (its branch calls: ``agent_branches.py``)."""
 
-    def __init__(self, deps: Deps, registry: Registry, peers: Peers | None = None) -> None:
+    def __init__(self, deps: Deps, registry: Registry, peers: Peers | None = None,
+                 webhooks: Webhooks | None = None) -> None:
         self._deps = deps
         self._registry = registry
         #: clients of the other cluster nodes (forwarded commands); the runtime closes them
@@ -104,6 +106,8 @@ class LocalAgent(BranchCalls):
         #: every tool of the server (NoTools, FunctionTools, the MCP registry); each agent's
         #: turns run through its allowed part of it (``get_agent(id).tools`` names them)
         self.tools = deps.tools
+        #: webhook subscriptions and A2A push configs (docs/WEBHOOKS.md)
+        self.webhooks = webhooks or Webhooks(deps.storage, deps.config, frozenset(deps.agents))
 
     @property
     def id(self) -> str:

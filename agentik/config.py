@@ -149,6 +149,15 @@ class Config:
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     jwt_role_claim: str = "role"
+    # --- webhooks and A2A push notifications (docs/WEBHOOKS.md) ---
+    #: the webhooks file (TOML: the subscriptions that must exist at start-up)
+    webhooks_file: str | None = None
+    #: the longest wait between two attempts of one delivery, seconds (it doubles from 1 s)
+    webhook_max_backoff: float = 60.0
+    #: seconds an event is retried before it is given up (logged, counted)
+    webhook_retry_for: float = 24 * 3600.0
+    #: A2A push URLs may name loopback, private and link-local addresses (tests, one network)
+    push_allow_private: bool = False
 
     @property
     def auth_enabled(self) -> bool:
@@ -235,6 +244,10 @@ class Config:
         get("AGENTIK_JWT_ISSUER", "jwt_issuer", str)
         get("AGENTIK_JWT_AUDIENCE", "jwt_audience", str)
         get("AGENTIK_JWT_ROLE_CLAIM", "jwt_role_claim", v.line)
+        get("AGENTIK_WEBHOOKS", "webhooks_file", str)
+        get("AGENTIK_WEBHOOK_MAX_BACKOFF", "webhook_max_backoff", v.seconds)
+        get("AGENTIK_WEBHOOK_RETRY_FOR", "webhook_retry_for", v.seconds)
+        get("AGENTIK_PUSH_ALLOW_PRIVATE", "push_allow_private", _flag)
         return cls(**kw)
 
     def replace(self, **changes: Any) -> Config:

@@ -111,3 +111,17 @@ CLUSTER_FEED_GAPS = Counter(
 def exposition() -> tuple[bytes, str]:
     """The text exposition of every metric and its content type."""
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+# --- webhooks (docs/WEBHOOKS.md) ------------------------------------------------------------------
+
+WEBHOOK_DELIVERIES = Counter(
+    "agentik_webhook_deliveries",
+    "Webhook and A2A push attempts by outcome (delivered, failed: retried, gave_up: retry time "
+    "over, lost: events the outbox trimmed before they were sent)",
+    ["outcome"], registry=REGISTRY,
+)
+WEBHOOK_LAG = Gauge(
+    "agentik_webhook_lag_seconds",
+    "Seconds the oldest undelivered event of any subscription has been failing (0: none is)",
+    registry=REGISTRY,
+)

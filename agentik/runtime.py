@@ -21,6 +21,7 @@ from agentik import tracing
 from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.registry import Registry
 from agentik.agent import LocalAgent
+from agentik.agent_webhooks import Webhooks
 from agentik.cluster import Peers
 from agentik.config import Config
 from agentik.errors import ConfigError, LlmError
@@ -98,7 +99,7 @@ async def open_runtime(
                             storage.leases.on_claimed = registry.resume
                         # accepted messages a dead process left queued are answered
                         actors.start_soon(registry.resume_queued)
-                        agent = LocalAgent(deps, registry, peers)
+                        agent = LocalAgent(deps, registry, peers, await _webhooks(deps, actors))
                         try:
                             yield agent
                         finally:
@@ -115,6 +116,14 @@ async def open_runtime(
     finally:
         with trio.CancelScope(shield=True):
             await _close_last(owned)
+
+
+async def _webhooks(deps: Deps, actors: trio.Nursery) -> Webhooks:
+    """The subscriptions, their deliveries started in the actors' nursery (so they end before
+    storage does). Raises ConfigError (the webhooks file)."""
+    hooks = Webhooks(deps.storage, deps.config, frozenset(deps.profiles.ids))
+    await actors.start(hooks.start)
+    return hooks
 
 
 async def load_profiles(config: Config) -> Profiles:

@@ -28,10 +28,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # agentik.ids: the ids agentik makes (time-ordered), a leaf like metrics
     # agentik.content: what a message's content may hold (the image rules), pure
     # agentik.tracing: OpenTelemetry spans (optional extra), a leaf like metrics
+    # agentik.webhook_types: the webhook routes' bodies, beside agentik.protocol
     "types": ("agentik.wire", "agentik.wire_base", "agentik.wire_pause", "agentik.errors",
               "agentik.protocol", "agentik.metrics", "agentik.api",
               "agentik.ids", "agentik.content", "agentik.tracing", "agentik.protocol_branches",
-              "agentik.wire_branch"),
+              "agentik.wire_branch", "agentik.webhook_types"),
     # agentik.users / agentik.limits: principals and per-user limits, pure like the config;
     # agentik.profiles: the agents file, parsed and checked (pure, beside the settings)
     "config": ("agentik.config", "agentik.config_values", "agentik.users", "agentik.limits",
@@ -51,6 +52,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "agentik", "agentik.runtime", "agentik.agent", "agentik.agent_handles",
         "agentik.agent_users", "agentik.testing",
         "agentik.cluster", "agentik.agent_branches",
+        # webhooks (docs/WEBHOOKS.md): the pure rules, the deliveries, agent.webhooks
+        "agentik.webhooks", "agentik.webhook_delivery", "agentik.agent_webhooks",
     ),
     # agentik.sse: the SSE frame and bodies both front doors use (below web/ and a2a/);
     # agentik.parking: how its bodies wait between a live stream's tokens

@@ -78,6 +78,9 @@ class Storage:
         self.leases: Leases | None = None
         #: PostgreSQL: the online-event relay to the other nodes
         self.online: OnlineRelay | None = None
+        #: PostgreSQL: the database URL and timeout (``lead``)
+        self.url: str | None = None
+        self.db_timeout = DEFAULT_DB_TIMEOUT
         self._committer: Committer | None = None
         self._closed = False
         #: requests admitted and not yet answered may not exceed ``capacity`` (the bounded
@@ -129,6 +132,17 @@ class Storage:
         if req.error is not None:
             raise req.error
         return cast(R, req.result)  # the engine's answer to an Op[R]
+
+    async def lead(self, name: str, job: Callable[[], Awaitable[None]]) -> None:
+        """Run ``job`` while this node is the one doing ``name`` (PostgreSQL: the node holding
+        its lock, ``pg/leader.py``; SQLite: one process, at once)."""
+        if self.url is None:
+            await job()
+            return
+        from agentik.storage.pg.leader import lead
+
+        await lead(self.url, name, job, db_timeout=self.db_timeout,
+                   every=max(0.5, (self.leases.ttl if self.leases else 10.0) / 2))
 
     async def recover_turns(self, op: ops.RecoverTurns) -> list[tuple[str, str]]:
         """Store ``op`` (the running turns a dead process or node left get their Error), then
@@ -327,6 +341,7 @@ async def _start_node(nursery: trio.Nursery, storage: Storage, engines: _Engines
     assert url is not None and leases is not None and isinstance(pg_writer, PgWriter)
     assert isinstance(engines.reader, PgReader)
     feed = storage.feed = Feed(url, pg_writer.channel, engines.reader, hub, pg_writer)
+    storage.url, storage.db_timeout = url, pg_writer.timeout
     await nursery.start(feed.run)
     storage.leases = leases
     leases.write, leases.recover = storage.write, storage.recover_turns

@@ -48,6 +48,7 @@ from agentik.web.sse import bp as sse_bp
 from agentik.web.ui import bp as ui_bp
 from agentik.web.users import a2a_caller
 from agentik.web.users import bp as usage_bp
+from agentik.web.webhooks import bp as webhooks_bp
 from agentik.web.ws import bp as ws_bp
 
 if TYPE_CHECKING:
@@ -162,6 +163,7 @@ def create_app(
     app.register_blueprint(sse_bp)
     app.register_blueprint(ws_bp)
     app.register_blueprint(usage_bp)
+    app.register_blueprint(webhooks_bp)
     # A2A requests are their principal's (docs/USERS.md)
     a2a_web.mount_agentik(app, st, heartbeat=heartbeat).caller = partial(a2a_caller, st)
     openai_mount.mount_agentik(app, st, heartbeat=heartbeat)

@@ -105,12 +105,18 @@ def require_admin(principal: Principal, what: str) -> None:
         raise ForbiddenError(f"{what} is for admins only")
 
 
-#: endpoints only admins reach (a user gets 403): the process's metrics, the API description and
-#: the tool servers' states (their errors name hosts and paths)
+#: endpoints only admins reach (a user gets 403): the process's metrics, the API description,
+#: the tool servers' states (their errors name hosts and paths) and the webhooks (they see every
+#: user's events)
 ADMIN_ENDPOINTS = frozenset({
     "agentik_http.prometheus_metrics",
     "agentik_http.openapi",
     "agentik_http.tools",
+    "agentik_webhooks.create_webhook",
+    "agentik_webhooks.list_webhooks",
+    "agentik_webhooks.get_webhook",
+    "agentik_webhooks.delete_webhook",
+    "agentik_webhooks.webhook_deliveries",
 })
 
 #: endpoints where browsers cannot set headers, so ``?access_token=`` is accepted (SSE, WebSocket)

@@ -1,0 +1,147 @@
+"""Webhooks (docs/WEBHOOKS.md) against a real hypercorn, the scripted OpenAI server and a real
+receiver: subscribe, deliveries signed per Standard Webhooks (verified with the library), at
+least once in cursor order across a receiver that is down and a server restart, the delivery
+log, the metrics, the admin routes' answers."""
+
+# ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+import pytest
+import standardwebhooks
+import trio
+
+from agentik.config import Config
+from tests.receiver import Receiver, open_receiver
+from tests.scripted_openai import Fail, Reply, ScriptedOpenAI
+from tests.test_web_ops import create, scrape, turn
+from tests.webutil import (  # noqa: F401 - fixtures are used by name
+    Server,
+    allow_error_logs,
+    client,
+    config,
+    make_config,
+    no_error_logs,
+    openai,
+    serve_app,
+    server,
+)
+
+pytestmark = pytest.mark.usefixtures("engine")
+
+EVENTS = ["conversation.created", "turn.completed", "turn.failed", "conversation.deleted"]
+
+
+async def subscribe(client: httpx2.AsyncClient, url: str, **more: Any) -> dict[str, Any]:
+    response = await client.post("/agentik/webhooks", json={"url": url, "events": EVENTS, **more})
+    assert response.status_code == 201, response.text
+    made: dict[str, Any] = response.json()
+    return made
+
+
+def offset_of(webhook_id: str) -> int:
+    return int(webhook_id.rpartition(":")[2])
+
+
+async def deliveries(client: httpx2.AsyncClient, hook: str) -> list[dict[str, Any]]:
+    response = await client.get(f"/agentik/webhooks/{hook}/deliveries", params={"limit": 200})
+    assert response.status_code == 200, response.text
+    lines: list[dict[str, Any]] = response.json()["deliveries"]
+    return lines
+
+
+async def test_every_event_once_in_order_across_a_down_receiver_and_a_restart(
+    tmp_path: Any, openai: ScriptedOpenAI, engine: str | None, allow_error_logs: None
+) -> None:
+    """The receiver answers 503 while two turns end (one fails) and the server restarts; once it
+    is up, every subscribed event arrives, exactly once per ``webhook-id``, in cursor order,
+    each verifying with ``standardwebhooks``; the delivery log shows the failed attempts."""
+    cfg: Config = make_config(tmp_path, openai, webhook_max_backoff=0.1)
+    with trio.fail_after(60):
+        async with open_receiver() as receiver:
+            receiver.down = True
+            async with serve_app(cfg) as server, httpx2.AsyncClient(
+                    base_url=server.url, timeout=10) as client:
+                hook = await subscribe(client, receiver.url + "/in")
+                assert hook["secret"].startswith("whsec_") and hook["source"] == "api"
+                cid = await create(client)
+                openai.push(Reply(text="one"), Fail(status=400))
+                assert "assistant_message" in await turn(client, cid)
+                assert "error" in await turn(client, cid)
+                await receiver.wait(lambda r: len(r.requests) >= 3)  # retried while down
+                failed = await deliveries(client, hook["id"])
+                assert failed and {d["outcome"] for d in failed} == {"failed"}
+                assert failed[0]["status"] == 503
+                shown = (await client.get(f"/agentik/webhooks/{hook['id']}")).json()
+                assert shown["attempts"] >= 1 and shown["failing_since"] is not None
+            async with serve_app(cfg) as server, httpx2.AsyncClient(
+                    base_url=server.url, timeout=10) as client:
+                openai.push(Reply(text="two"))
+                assert "assistant_message" in await turn(client, cid)
+                assert (await client.delete(f"/agentik/conversations/{cid}")).status_code == 204
+                receiver.down = False
+                await receiver.wait(lambda r: len(r.accepted) >= 5)
+                await trio.sleep(0.3)  # nothing more comes (a repeat would come in this time)
+                log = await deliveries(client, hook["id"])
+                metrics = await scrape(client)
+    accepted = receiver.accepted
+    ids = [r.headers["webhook-id"] for r in accepted]
+    assert len(ids) == len(set(ids)) == 5
+    assert [offset_of(i) for i in ids] == sorted(offset_of(i) for i in ids)
+    verifier = standardwebhooks.Webhook(hook["secret"])
+    bodies = [verifier.verify(r.body, r.headers) for r in accepted]
+    assert [b["type"] for b in bodies] == [
+        "conversation.created", "turn.completed", "turn.failed", "turn.completed",
+        "conversation.deleted"]
+    assert all(b["data"]["conversation_id"] == cid for b in bodies)
+    assert bodies[1]["data"]["turn_id"] and bodies[2]["data"]["error"]["code"]
+    assert all(b["timestamp"].endswith("Z") for b in bodies)
+    # a wrong secret does not verify
+    with pytest.raises(standardwebhooks.WebhookVerificationError):
+        standardwebhooks.Webhook("whsec_" + "A" * 44).verify(accepted[0].body,
+                                                           accepted[0].headers)
+    assert [d["outcome"] for d in log].count("delivered") == 5
+    assert "failed" in {d["outcome"] for d in log}
+    assert metrics[("agentik_webhook_deliveries_total", (("outcome", "delivered"),))] >= 5
+
+
+async def test_filters_and_the_admin_routes(
+    client: httpx2.AsyncClient, server: Server, openai: ScriptedOpenAI
+) -> None:
+    """A subscription per conversation gets that conversation's events only; the routes answer
+    400 for a bad body, 404 for an unknown id, 204 then 404 for a delete."""
+    async with open_receiver() as receiver:
+        cid = await create(client)
+        other = await create(client)
+        mine = await subscribe(client, receiver.url + "/mine", conversation_id=cid,
+                               events=["turn.completed"])
+        everything = await subscribe(client, receiver.url + "/all", events=["turn.completed"])
+        openai.push(Reply(text="a"), Reply(text="b"))
+        await turn(client, other)
+        await turn(client, cid)
+        with trio.fail_after(10):
+            await receiver.wait(lambda r: len(r.accepted) >= 3)
+        paths = sorted(r.path for r in receiver.accepted)
+        assert paths == ["/all", "/all", "/mine"]
+    listed = (await client.get("/agentik/webhooks")).json()["webhooks"]
+    assert {h["id"] for h in listed} == {mine["id"], everything["id"]}
+    assert all("secret" not in h for h in listed)
+    for bad in ({"url": "ftp://x", "events": ["turn.completed"]},
+                {"url": "http://127.0.0.1:1/", "events": []},
+                {"url": "http://127.0.0.1:1/", "events": ["turn.nope"]},
+                {"url": "http://127.0.0.1:1/", "events": ["turn.failed"], "agent": "nobody"},
+                {"events": ["turn.failed"]}):
+        response = await client.post("/agentik/webhooks", json=bad)
+        assert response.status_code == 400, (bad, response.text)
+    assert (await client.get("/agentik/webhooks/nope")).status_code == 404
+    assert (await client.get("/agentik/webhooks/nope/deliveries")).status_code == 404
+    assert (await client.delete(f"/agentik/webhooks/{mine['id']}")).status_code == 204
+    assert (await client.delete(f"/agentik/webhooks/{mine['id']}")).status_code == 404
+    assert (await client.get(f"/agentik/webhooks/{everything['id']}/deliveries",
+                             params={"limit": 0})).status_code == 400
+
+
+_ = Receiver
