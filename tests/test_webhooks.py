@@ -145,3 +145,41 @@ async def test_filters_and_the_admin_routes(
 
 
 _ = Receiver
+
+
+async def test_the_settings_file_subscriptions(
+    tmp_path: Any, openai: ScriptedOpenAI, engine: str | None
+) -> None:
+    """AGENTIK_WEBHOOKS' subscriptions exist from start-up, deliver with the file's secret,
+    cannot be deleted by the route (409), and go when the file no longer names them; a file
+    with a mistake stops start-up naming the setting."""
+    from agentik import open_runtime
+    from agentik.errors import ConfigError
+    from agentik.testing import ScriptedLlm
+
+    secret = "whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0"
+    path = tmp_path / "webhooks.toml"
+    async with open_receiver() as receiver:
+        path.write_text(f'[[webhook]]\nid = "ops"\nurl = "{receiver.url}/ops"\n'
+                        f'events = ["conversation.created"]\nsecret = "{secret}"\n')
+        cfg = make_config(tmp_path, openai, webhooks_file=str(path))
+        with trio.fail_after(30):
+            async with serve_app(cfg) as server, httpx2.AsyncClient(
+                    base_url=server.url, timeout=10) as client:
+                listed = (await client.get("/agentik/webhooks")).json()["webhooks"]
+                assert [(h["id"], h["source"]) for h in listed] == [("ops", "file")]
+                cid = await create(client)
+                await receiver.wait(lambda r: len(r.accepted) >= 1)
+                got = standardwebhooks.Webhook(secret).verify(receiver.accepted[0].body,
+                                                              receiver.accepted[0].headers)
+                assert got["data"]["conversation_id"] == cid
+                response = await client.delete("/agentik/webhooks/ops")
+                assert response.status_code == 409 and "AGENTIK_WEBHOOKS" in response.text
+            path.write_text("")
+            async with serve_app(cfg) as server, httpx2.AsyncClient(
+                    base_url=server.url, timeout=10) as client:
+                assert (await client.get("/agentik/webhooks")).json()["webhooks"] == []
+    path.write_text('[[webhook]]\nid = "x"\n')
+    with pytest.raises(ConfigError, match="AGENTIK_WEBHOOKS"):
+        async with open_runtime(cfg, llm=ScriptedLlm([])):
+            pass

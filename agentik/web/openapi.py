@@ -54,6 +54,7 @@ from agentik.web.types import (
     ToolsStatus,
     Usage,
 )
+from agentik.webhook_types import CreateWebhookBody, Webhook, WebhookCreated, WebhookDeliveries, WebhookList
 from agentik.wire import (
     ChatSnapshot,
     CommonEvent,
@@ -88,6 +89,7 @@ KIND = Param(
 PROMETHEUS = "text/plain; version=0.0.4"
 RID = Param("rid", "path", "a response id", required=True)
 OCID = Param("cid", "path", "a conversation id", required=True)
+HOOK = Param("webhook_id", "path", "a webhook subscription's id", required=True)
 
 ROUTES: tuple[Route, ...] = (
     Route("get", "/healthz", "health", "Liveness; 503 while starting or after the runtime died",
@@ -179,6 +181,18 @@ ROUTES: tuple[Route, ...] = (
           params=(Param("user", "query", "another user's (admins only)"),), errors=(400, 403)),
     Route("get", "/agentik/tools", "tools", "MCP servers with their state and tools (admins)",
           200, ToolsStatus, errors=(403,)),
+    Route("post", "/agentik/webhooks", "createWebhook", "Subscribe a URL to event types; "
+          "the answer alone shows its secret (admins; docs/WEBHOOKS.md)", 201, WebhookCreated,
+          body=CreateWebhookBody, errors=(400, 403)),
+    Route("get", "/agentik/webhooks", "listWebhooks", "Every subscription (admins)", 200,
+          WebhookList, errors=(403,)),
+    Route("get", "/agentik/webhooks/{webhook_id}", "getWebhook", "One subscription (admins)",
+          200, Webhook, params=(HOOK,), errors=(403, 404)),
+    Route("delete", "/agentik/webhooks/{webhook_id}", "deleteWebhook", "Unsubscribe (admins; "
+          "409: made by the settings file)", 204, params=(HOOK,), errors=(403, 404, 409)),
+    Route("get", "/agentik/webhooks/{webhook_id}/deliveries", "webhookDeliveries",
+          "A subscription's delivery log, newest first (admins)", 200, WebhookDeliveries,
+          params=(HOOK, _int("limit", "lines, 1..200 (50)", 1)), errors=(400, 403, 404)),
     Route("get", "/agentik/openapi.json", "openapi", "This document (admins)", 200,
           errors=(403,)),
     Route("get", "/metrics", "metrics", "Prometheus text exposition (admins)",
