@@ -62,11 +62,14 @@ def _failed(event: Event) -> Data:
 
 
 def _fields(event: Event) -> Data:
-    """Every field of the event as JSON values (the events of a person in the loop: their own
-    fields, whatever they grow)."""
-    data = msgspec.to_builtins(event)
+    """The fields of the record the event carries (a person in the loop's request: its call id,
+    tool, question, deadline… whatever they grow) and the record's id."""
+    record = getattr(event, "record", None)
+    if not isinstance(record, MessageRecord):
+        return {}
+    data = msgspec.to_builtins(record.message)
     data.pop("type", None)
-    return dict(data)
+    return {"message_id": record.id, **data}
 
 
 #: agentik's durable event type -> (the webhook event type, its data or None: not sent). The one

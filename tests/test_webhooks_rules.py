@@ -67,6 +67,23 @@ def test_each_event_type_and_its_data() -> None:
     assert webhooks.event_time(common(ErrorEvent(record=record(error)))) == 1.5
 
 
+def test_a_person_in_the_loop() -> None:
+    """A person in the loop (issue 30): the fields of the request the event carries."""
+    from agentik.wire import ApprovalRequested, InputRequested
+    from agentik.wire_pause import ApprovalRequest, InputRequest
+
+    ask = ApprovalRequest(call_id="k", tool="fs__rm", arguments='{"p":1}', deadline=9.0,
+                          turn_id="t")
+    assert webhooks.webhook_event(common(ApprovalRequested(record=record(ask)))) == (
+        "approval.requested", {"conversation_id": "c", "message_id": "m", "call_id": "k",
+                               "tool": "fs__rm", "arguments": '{"p":1}', "deadline": 9.0,
+                               "turn_id": "t"})
+    question = InputRequest(call_id="q", question="Which?", choices=["a", "b"], turn_id="t")
+    kind, data = webhooks.webhook_event(common(InputRequested(record=record(question))))  # type: ignore[misc]
+    assert kind == "input.requested"
+    assert (data["call_id"], data["question"], data["choices"]) == ("q", "Which?", ["a", "b"])
+
+
 def test_body_and_timestamp() -> None:
     body = msgspec.json.decode(webhooks.body("turn.failed", 0.25, {"conversation_id": "c"}))
     assert body == {"type": "turn.failed", "timestamp": "1970-01-01T00:00:00.250Z",
