@@ -3,10 +3,10 @@
 exactly these calls.
 
 Who raises what: NotFoundError (unknown conversation), MailboxFullError (send to a full mailbox),
-ConversationFailedError (a conversation past its crash limit), OutboxGapError (dead cursor, from
-the ``events`` iterators at their first step), StorageError (SQLite failed; nothing stored),
-RuntimeClosedError (the runtime is shutting down), InvalidInputError (bad arguments, content
-that breaks :mod:`agentik.content`'s rules), PayloadTooLargeError (an image over the limit).
+ConversationFailedError (a conversation past its crash limit), OutboxGapError (dead cursor, from the
+``events`` iterators at their first step), StorageError (SQLite failed; nothing stored),
+RuntimeClosedError (the runtime is shutting down), InvalidInputError (bad arguments, content that
+breaks :mod:`agentik.content`'s rules), PayloadTooLargeError (an image over the limit).
 """
 
 from __future__ import annotations
@@ -91,12 +91,11 @@ class LocalConversation(ConversationView["LocalAgent"]):
 class LocalAgent(BranchCalls):
     """The in-process Agent (its branch calls: ``agent_branches.py``)."""
 
-    def __init__(self, deps: Deps, registry: Registry, peers: Peers | None = None,
-                 webhooks: Webhooks | None = None) -> None:
+    def __init__(self, deps: Deps, registry: Registry, peers: Peers, hooks: Webhooks) -> None:
         self._deps = deps
         self._registry = registry
         #: clients of the other cluster nodes (forwarded commands); the runtime closes them
-        self._peers = peers if peers is not None else Peers(deps.config)
+        self._peers = peers
         self._closed = False
         #: whose each conversation is, streams filtered to a user's own, the users' limits
         self.users = UserScope(deps.storage)
@@ -106,8 +105,7 @@ class LocalAgent(BranchCalls):
         #: every tool of the server (NoTools, FunctionTools, the MCP registry); each agent's
         #: turns run through its allowed part of it (``get_agent(id).tools`` names them)
         self.tools = deps.tools
-        #: webhook subscriptions and A2A push configs (docs/WEBHOOKS.md)
-        self.webhooks = webhooks or Webhooks(deps.storage, deps.config, frozenset(deps.agents))
+        self.webhooks = hooks  # subscriptions and A2A push configs (docs/WEBHOOKS.md)
 
     @property
     def id(self) -> str:
