@@ -501,6 +501,34 @@ async def _recover(st: Storage) -> None:
     assert await st.reader.conversations_with_queued_turns() == ["c1", "c2"]
 
 
+async def test_recovery_fails_the_calls_a_turn_was_running(target: StorageTarget) -> None:
+    """A running turn's calls without a result get a failed one, "outcome unknown" (never run
+    again), in the journal and in working memory, before its Error; calls of another turn, and
+    those with a result, get none."""
+    async with open_storage(target) as st:
+        await create(st)
+        await send(st, "m1", start=True)
+        made = [(m, ToolCall(call_id=f"k-{m}", name="add", arguments="{}", turn_id="m1"))
+                for m in ("a", "b", "c")]
+        await st.write(ops.AppendToolCalls(conversation_id="c", calls=tuple(made),
+                                           item=calls_item("a", "b", "c")))
+        await st.write(ops.AppendToolResult(
+            conversation_id="c", message_id="r-a", item=ToolItem(call_id="k-a", name="add",
+                                                                 content="3"),
+            result=ToolResult(call_id="k-a", name="add", content="3", turn_id="m1")))
+        assert await st.write(ops.RecoverTurns()) == [("c", "m1")]
+        records = (await journal(st))[-3:]
+        unknown = "outcome unknown: the server stopped while it ran"
+        assert [r.message for r in records[:2]] == [
+            ToolResult(call_id=f"k-{m}", name="add", content=unknown, is_error=True, turn_id="m1")
+            for m in ("b", "c")]
+        assert isinstance(records[2].message, Error)
+        assert [e.type for e in (await events(st))[-4:]] == [
+            "tool_failed", "tool_failed", "error", "touched"]
+        assert (await memory(st))[-2:] == [ToolItem(call_id=f"k-{m}", name="add", content=unknown)
+                                           for m in ("b", "c")]
+
+
 @case(ops.PurgeTemporary)
 async def _purge(st: Storage) -> None:
     await create(st, "keep")

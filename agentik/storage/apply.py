@@ -45,6 +45,7 @@ from agentik.wire import (
     InputGiven,
     InputRequested,
     Interrupted,
+    Message,
     PauseAnswer,
     Renamed,
     SystemItem,
@@ -52,6 +53,7 @@ from agentik.wire import (
     ToolCall,
     ToolCallEvent,
     ToolFailed,
+    ToolItem,
     ToolResult,
     ToolResultEvent,
     Touched,
@@ -249,11 +251,33 @@ def compact(t: Target[Rec], op: ops.Compact) -> object:
     return t.value(None)
 
 
+#: the result of a call that was running when the server (or its node) stopped: it is never run
+#: again, and nobody can say whether it had its effect (docs/TOOLS.md)
+OUTCOME_UNKNOWN = "outcome unknown: the server stopped while it ran"
+
+
+def unanswered(turn_id: str, messages: list[Message]) -> list[ToolCall]:
+    """The turn's calls without a result, in order, from its calls and results (pure)."""
+    calls = {m.call_id: m for m in messages if type(m) is ToolCall and m.turn_id == turn_id}
+    for m in messages:
+        if type(m) is ToolResult and m.turn_id == turn_id:
+            calls.pop(m.call_id, None)
+    return list(calls.values())
+
+
 def recover_turns(t: Target[Rec], op: ops.RecoverTurns) -> object:
-    """The running turns get their Error; queued ones stay, for the conversation's next actor
-    to run (a message accepted is answered: ``Registry._start``)."""
+    """The running turns get a failed result for each call without one (never run again) and
+    their Error; queued and waiting ones stay, for the conversation's next actor (a message
+    accepted is answered: ``Registry._start``; a pause waits on: ``actors/pausing.py``)."""
     turns = t.open_turns(op.conversation_id)
     for cid, turn_id in turns:
+        for call in unanswered(turn_id, t.turn_calls(cid, turn_id)):
+            result = ToolResult(call_id=call.call_id, name=call.name, content=OUTCOME_UNKNOWN,
+                                is_error=True, turn_id=turn_id)
+            message_id = new_id()
+            t.journal(cid, message_id, result, ToolFailed)
+            t.remember(cid, ToolItem(call_id=call.call_id, name=call.name,
+                                     content=OUTCOME_UNKNOWN), message_id)
         error = Error(message=op.message, code=op.code, turn_id=turn_id)
         t.journal(cid, new_id(), error, ErrorEvent)
         touch(t, cid)

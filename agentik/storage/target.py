@@ -59,6 +59,10 @@ class Target(Protocol[Rec]):
         """The running turns (conversation id, turn id) of live conversations, of one
         conversation or of all, in the order they came (queued ones are not: ``recover_turns``)."""
 
+    def turn_calls(self, conversation_id: str, turn_id: str) -> list[Message]:
+        """The tool calls and results stored after the turn's user message, in order (those of
+        the turn carry its id): a running turn's calls without a result (``recover_turns``)."""
+
     def temporary(self) -> list[str]:
         """The temporary conversations to purge (start-up)."""
 

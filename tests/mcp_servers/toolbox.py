@@ -15,7 +15,7 @@ Tools:
 - ``crash()``: the process exits at once (``os._exit``), as a crashing server would; ``pid()``;
 - ``environment(name)``, ``whoami()``: what the process was started with; ``big(size)``;
 - ``meta()``: the ``_meta`` the call's request carried (as JSON); ``tally(path)``: counts its
-  calls in a file (across restarts of the server and of agentik);
+  calls in a file (across restarts of the server and of agentik); ``block(path)``: counts, hangs;
 - ``table(rows)``: structured content of any size;
 - ``grow(name)``: adds a tool ``name`` and notifies ``tools/list_changed``;
 - ``picture()``: an image content block; ``fetch.page(url)``: a name that needs sanitising.
@@ -129,6 +129,15 @@ def build(name: str = "toolbox") -> MCPServer[Any]:
         with open(path) as f:
             calls = sum(1 for _ in f)
         return json.dumps({"count": calls, "meta": dict(ctx.request_context.meta or {})})
+
+    @server.tool()
+    async def block(path: str) -> str:
+        """Count this call in the file ``path`` (as ``tally``), then never return."""
+        count()
+        with open(path, "a") as f:  # noqa: ASYNC230 - a line, before the wait
+            f.write("call\n")
+        await anyio.sleep_forever()
+        return "unreachable"
 
     @server.tool()
     def crash() -> str:

@@ -150,6 +150,8 @@ class Plan:
     #: of live conversations, and the orphans whose conversation is gone
     open_turns: dict[str | None, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = field(
         default_factory=dict)
+    #: RecoverTurns: each open turn's calls and results (``Target.turn_calls``)
+    turn_calls: dict[tuple[str, str], list[Message]] = field(default_factory=dict)
     temporary: list[str] | None = None
     #: conversations created by this batch (their owner row is this node's, fence 1)
     created: list[str] = field(default_factory=list)

@@ -64,6 +64,9 @@ class PgTarget:
         self._recovered[conversation_id] = turns + orphans
         return turns
 
+    def turn_calls(self, conversation_id: str, turn_id: str) -> list[Message]:
+        return self.p.turn_calls.get((conversation_id, turn_id), [])
+
     def temporary(self) -> list[str]:
         ids, self.p.temporary = self.p.temporary or [], []
         return ids
@@ -294,3 +297,19 @@ def _pairs(conn: psycopg.Connection[Any], table: str, column: str,
         f"SELECT conversation_id, {column} FROM {table} WHERE (conversation_id, {column}) IN "
         "(SELECT * FROM unnest(%s::text[], %s::text[]))",
         ([t[0] for t in pairs], [t[1] for t in pairs]))}
+
+
+def read_turn_calls(conn: psycopg.Connection[Any], turns: list[tuple[str, str]]
+                    ) -> dict[tuple[str, str], list[Message]]:
+    """For RecoverTurns (``PgWriter._load``): each turn's tool calls and results stored after
+    its user message, in order (``Target.turn_calls``); no read when there are none."""
+    out: dict[tuple[str, str], list[Message]] = {turn: [] for turn in turns}
+    if turns:
+        for r in conn.execute(
+                "SELECT t.conversation_id, t.id, m.payload FROM turn t JOIN message m "
+                "ON m.conversation_id = t.conversation_id AND m.seq > t.seq "
+                "WHERE (t.conversation_id, t.id) IN (SELECT * FROM unnest(%s::text[], %s::text[])) "
+                "AND m.type IN ('tool_call', 'tool_result') ORDER BY m.seq",
+                ([c for c, _ in turns], [i for _, i in turns])):
+            out[(r[0], r[1])].append(decode_message(r[2]))
+    return out

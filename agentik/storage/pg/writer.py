@@ -26,7 +26,7 @@ from agentik.storage.pg.connect import DEFAULT_TIMEOUT, connect, set_limits
 from agentik.storage.pg.fence import LIVE_OTHER_OWNER, node_of, ownership, refusals
 from agentik.storage.pg.flight import Flight, resolve, seed_after
 from agentik.storage.pg.plan import Conv, Plan
-from agentik.storage.pg.plan_ops import plan_all, read_found
+from agentik.storage.pg.plan_ops import plan_all, read_found, read_turn_calls
 from agentik.storage.pg.schema import channel, migrate
 from agentik.storage.pg.send import Sender
 from agentik.storage.pg.statement import commit_statement
@@ -294,9 +294,8 @@ class PgWriter:
         return used
 
     def _load(self, p: Plan, batch: list[ops.AnyOp]) -> list[tuple[str, int, int]]:
-        """The one read a batch's plan starts from (more only for start-up and A2A ops); none
-        when every conversation row it needs is remembered (``_known``). Returns the remembered
-        rows used, for the statement to check: (id, seq, last working-memory index)."""
+        """The one read a batch's plan starts from (more for start-up, A2A, webhook ops); none when
+        every row it needs is remembered (``_known``). Returns those used: (id, seq, memory end)."""
         conn = self.conn
         me, ttl = node_of(self.leases)
         cids: set[str] = set()
@@ -319,8 +318,9 @@ class PgWriter:
                     sql + "ORDER BY t.seq",
                     {"cid": op.conversation_id, "me": me, "ttl": ttl},
                 ).fetchall()
-                p.open_turns[op.conversation_id] = (
-                    [(r[1], r[0]) for r in rows if r[2]], [(r[1], r[0]) for r in rows if not r[2]])
+                live = [(r[1], r[0]) for r in rows if r[2]]
+                p.open_turns[op.conversation_id] = (live, [(r[1], r[0]) for r in rows if not r[2]])
+                p.turn_calls.update(read_turn_calls(conn, live))
                 cids.update(r[1] for r in rows if r[2])
             elif isinstance(op, ops.PurgeTemporary) and p.temporary is None:
                 p.temporary = [r[0] for r in conn.execute(

@@ -39,6 +39,7 @@ from agentik.wire import (
     Message,
     MessageRecord,
     WorkingItem,
+    decode_message,
     decode_working_item,
     encode,
 )
@@ -95,6 +96,13 @@ class SqliteTarget:
             sql += " AND t.conversation_id = ?"
             args = (conversation_id,)
         return [(r[0], r[1]) for r in self.conn.execute(sql + " ORDER BY t.seq", args)]
+
+    def turn_calls(self, conversation_id: str, turn_id: str) -> list[Message]:
+        rows = self.conn.execute(
+            "SELECT m.payload FROM message m JOIN turn t ON t.conversation_id = m.conversation_id "
+            "AND t.id = ? WHERE m.conversation_id = ? AND m.seq > t.seq "
+            "AND m.type IN ('tool_call', 'tool_result') ORDER BY m.seq", (turn_id, conversation_id))
+        return [decode_message(r[0]) for r in rows]
 
     def temporary(self) -> list[str]:
         return [r[0] for r in self.conn.execute("SELECT id FROM conversation WHERE is_temporal=1")]
