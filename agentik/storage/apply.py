@@ -27,6 +27,7 @@ from agentik.errors import ConflictError, StorageError
 from agentik.ids import new_id
 from agentik.storage import ops
 from agentik.storage.target import Rec, RecordEvent, Target
+from agentik.storage.types import OUTCOME_UNKNOWN, unanswered
 from agentik.wire import (
     ApprovalAnswer,
     ApprovalGiven,
@@ -45,7 +46,6 @@ from agentik.wire import (
     InputGiven,
     InputRequested,
     Interrupted,
-    Message,
     PauseAnswer,
     Renamed,
     SystemItem,
@@ -249,20 +249,6 @@ def compact(t: Target[Rec], op: ops.Compact) -> object:
     t.emit(seq, cid, CompactionTriggered(dropped_items=op.dropped,
                                          summary=getattr(op.summary, "text", None)))
     return t.value(None)
-
-
-#: the result of a call that was running when the server (or its node) stopped: it is never run
-#: again, and nobody can say whether it had its effect (docs/TOOLS.md)
-OUTCOME_UNKNOWN = "outcome unknown: the server stopped while it ran"
-
-
-def unanswered(turn_id: str, messages: list[Message]) -> list[ToolCall]:
-    """The turn's calls without a result, in order, from its calls and results (pure)."""
-    calls = {m.call_id: m for m in messages if type(m) is ToolCall and m.turn_id == turn_id}
-    for m in messages:
-        if type(m) is ToolResult and m.turn_id == turn_id:
-            calls.pop(m.call_id, None)
-    return list(calls.values())
 
 
 def recover_turns(t: Target[Rec], op: ops.RecoverTurns) -> object:

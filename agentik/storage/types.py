@@ -18,8 +18,11 @@ from agentik.wire import (
     CommonEvent,
     ConversationRecord,
     DurableEvent,
+    Message,
     MessageRecord,
     TaskUpdated,
+    ToolCall,
+    ToolResult,
     decode_common_event,
     decode_message,
     event_type,
@@ -190,3 +193,17 @@ def delivery_of(row: Sequence[Any]) -> DeliveryRow:
     return DeliveryRow(attempt=ops.WebhookAttempt(
         offset=int(row[0]), type=row[1], attempt=int(row[2]), outcome=row[3], status=row[4],
         error=row[5]), at=row[6])
+
+
+#: the result of a call that was running when the server (or its node) stopped: it is never run
+#: again, and nobody can say whether it had its effect (docs/TOOLS.md)
+OUTCOME_UNKNOWN = "outcome unknown: the server stopped while it ran"
+
+
+def unanswered(turn_id: str, messages: list[Message]) -> list[ToolCall]:
+    """The turn's calls without a result, in order, from its calls and results (pure)."""
+    calls = {m.call_id: m for m in messages if type(m) is ToolCall and m.turn_id == turn_id}
+    for m in messages:
+        if type(m) is ToolResult and m.turn_id == turn_id:
+            calls.pop(m.call_id, None)
+    return list(calls.values())
