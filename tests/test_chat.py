@@ -492,3 +492,42 @@ async def test_chat_url_without_scheme() -> None:
         await term.drain()
         assert await term.process.wait() == 2
     assert "add http://" in term.screen and "http://127.0.0.1:8080" in term.screen
+
+
+async def test_chat_asks_for_approvals_and_answers_questions(
+    config: Config, scripted: ScriptedOpenAI, tools: FunctionTools
+) -> None:
+    """Issue 30: a turn that waits for the user asks on the terminal; the next line answers it
+    (y approves; anything else refuses, with that reason; a question's answer, or its choice's
+    number), and the turn goes on to its answer and the prompt."""
+    with trio.fail_after(TIMEOUT):
+        async with serve_app(config.replace(approval=("add",), ask_user=True), tools=tools) as srv, \
+                chat("--url", srv.url) as term:
+            await term.expect("you> ")
+            scripted.push(ToolCalls([("call_1", "add", '{"a": 2, "b": 3}')]), Reply("It is 5."))
+            await term.write("what is 2+3?\n")
+            await term.expect('[approval needed: add({"a": 2, "b": 3})]')
+            await term.expect("approve? y, or n or why not: ")
+            await term.write("y\n")
+            await term.expect("[approved: call_1]")
+            await term.expect("[tool result: add: 5]")
+            await term.expect("you> ")
+            scripted.push(ToolCalls([("call_2", "add", '{"a": 1, "b": 1}')]), Reply("Fine."))
+            await term.write("and 1+1?\n")
+            await term.expect("approve? y, or n or why not: ")
+            await term.write("not now\n")
+            await term.expect("[refused: not now: call_2]")
+            await term.expect("[tool failed: add: the user refused this call: not now]")
+            await term.expect("you> ")
+            scripted.push(ToolCalls([("q1", "ask_user",
+                                      '{"question": "Which one?", "choices": ["red", "blue"]}')]),
+                          Reply("Blue it is."))
+            await term.write("pick a colour\n")
+            await term.expect("[question: Which one?]")
+            await term.expect("answer: ")
+            await term.write("2\n")
+            await term.expect("[answered: blue]")
+            await term.expect("[tool result: ask_user: blue]")
+            await term.expect("you> ")
+            await term.write("\x03")
+            await term.expect("bye")

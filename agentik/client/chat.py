@@ -28,9 +28,11 @@ from agentik.client.http import AgentikAgent, HttpConversation
 from agentik.client.reconnect import BackoffPolicy, Connected, Disconnected, Failed, Gap, ReconnectingOutbox
 from agentik.errors import AgentikError, MailboxFullError
 from agentik.wire import (
+    ApprovalRequest,
     Cursor,
     Deleted,
     MessageRecord,
+    Pause,
 )
 
 HISTORY = 10
@@ -223,12 +225,16 @@ class Chat(ChatScreen):
 
     async def input_loop(self, conv: HttpConversation) -> None:
         await self.live_open.wait()
-        self.prompt()
+        if not self.pauses:
+            self.prompt()
         while True:
             line = await self.next_line()
             if line is None or line.strip() == "/quit":
                 self.quit.set()
                 return
+            if self.pauses:  # the turn asks: the line is the answer
+                await self.answer_pause(conv, self.pauses[0], line.strip())
+                continue
             if not line.strip():
                 self.prompt()
                 continue
@@ -253,6 +259,23 @@ class Chat(ChatScreen):
                 self.note(f"not sent: {exc}")
                 self.prompt()
 
+
+    async def answer_pause(self, conv: HttpConversation, pause: Pause, text: str) -> None:
+        """An approval: ``y``/``yes`` approves, ``n``/``no``/nothing refuses, anything else
+        refuses with that reason; a question: the text, or the choice its number names."""
+        try:
+            if isinstance(pause, ApprovalRequest):
+                word = text.lower()
+                await conv.approve(pause.call_id, approve=word in ("y", "yes"),
+                                   reason=None if word in ("y", "yes", "n", "no", "") else text)
+            else:
+                choices = pause.choices or []
+                if text.isdigit() and 1 <= int(text) <= len(choices):
+                    text = choices[int(text) - 1]
+                await conv.answer(pause.call_id, text)
+        except AgentikError as exc:
+            self.note(f"not answered: {exc}")
+        self.answered(pause.call_id)
 
     async def command(self, line: str, conv: HttpConversation) -> None:
         """A ``/command`` line. Unknown ones are refused here, never sent to the model."""

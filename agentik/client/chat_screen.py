@@ -11,7 +11,9 @@ are not ordered with each other, and either may come first; nothing of the turn 
 the prompt.
 
 What the user types while a turn runs is held, unseen, and shown after the prompt when the turn
-is over; a line finished meanwhile is taken then (agentik/client/chat_input.py).
+is over; a line finished meanwhile is taken then (agentik/client/chat_input.py). A turn that waits
+for the user (an approval, a question: docs/PROTOCOL.md, "A person in the loop") asks on the
+screen, and the next line is the answer, taken while the turn runs (one pause at a time).
 """
 
 from __future__ import annotations
@@ -24,13 +26,22 @@ from typing import TextIO, assert_never
 from agentik.client.chat_input import EndOfInput, Entered, Erased, LineEditor, Typed
 from agentik.wire import (
     AppendText,
+    ApprovalAnswer,
+    ApprovalGiven,
+    ApprovalRequest,
+    ApprovalRequested,
     AssistantMessage,
     AssistantMessageEvent,
     Deleted,
     End,
     ErrorEvent,
+    InputAnswer,
+    InputGiven,
+    InputRequest,
+    InputRequested,
     Interrupted,
     MessageRecord,
+    Pause,
     Text,
     ToolCall,
     ToolCallEvent,
@@ -81,6 +92,8 @@ class ChatScreen:
         self.streamed_turns: set[str | None] = set()
         self.caught_up_turns: set[str | None] = set()
         self.working_shown: set[str | None] = set()
+        #: pauses of the turn waiting for the user's answer, the one asked first
+        self.pauses: deque[Pause] = deque()
 
     def say(self, text: str, end: str = "\n") -> None:
         data = text + end
@@ -122,7 +135,7 @@ class ChatScreen:
     def keys(self, keys: str | None) -> None:
         """Keys from the terminal (None: its end). Echoed while no turn runs; held unseen
         while one does (they would land inside the answer), and shown after it."""
-        echo = not self.busy
+        echo = not self.busy or bool(self.pauses)  # a pause's answer is typed while it runs
         edits = self.editor.feed(keys) if keys is not None else [EndOfInput()]
         for edit in edits:
             match edit:
@@ -152,8 +165,9 @@ class ChatScreen:
         self.changed()
 
     def take(self) -> Input | None:
-        """The next line to act on, or None while a turn runs or none is finished."""
-        if self.busy or not self.entered:
+        """The next line to act on, or None while a turn runs (unless it asks the user) or
+        none is finished."""
+        if (self.busy and not self.pauses) or not self.entered:
             return None
         # The line is on the screen with its newline (echoed, or shown after the prompt); from
         # a pipe it is not, and what follows goes on after the prompt.
@@ -219,11 +233,70 @@ class ChatScreen:
                 self.say(f"[{verdict}: {msg.name}: {_short(msg.content)}]")
             elif isinstance(msg, ErrorMessage):
                 self.say(f"[error: {msg.message}]")
+        # the pauses still open: asked, not answered, their turn without its end
+        ended = {m.turn_id for r in records
+                 if isinstance(m := r.message, AssistantMessage | ErrorMessage)}
+        open_ = {m.call_id: m for r in records if isinstance(m := r.message, ApprovalRequest
+                                                              | InputRequest)
+                 and m.turn_id not in ended}
+        for rec in records:
+            if isinstance(rec.message, ApprovalAnswer | InputAnswer):
+                open_.pop(rec.message.call_id, None)
         self.say("-- Ctrl-C interrupts the answer, Ctrl-C again (or Ctrl-D, /quit) quits; "
                  "/help lists the commands --")
+        for pause in open_.values():
+            self.busy = True
+            self.ask(pause)
+
+    # --- a person in the loop ----------------------------------------------------------------
+
+    def ask(self, pause: Pause) -> None:
+        """A pause of the turn: asked now, or after the one asked before it is answered."""
+        if any(p.call_id == pause.call_id for p in self.pauses):
+            return
+        self.pauses.append(pause)
+        if len(self.pauses) == 1:
+            self._ask_first()
+
+    def answered(self, call_id: str) -> None:
+        """The pause ``call_id`` is answered (here or by another client): the next is asked."""
+        first = self.pauses[0].call_id if self.pauses else None
+        self.pauses = deque(p for p in self.pauses if p.call_id != call_id)
+        if self.pauses and first == call_id:
+            self._ask_first()
+
+    def _ask_first(self) -> None:
+        pause = self.pauses[0]
+        if isinstance(pause, ApprovalRequest):
+            self.note(f"approval needed: {pause.tool}({_short(pause.arguments)})")
+            self.say("approve? y, or n or why not: ", end="")
+        else:
+            self.note(f"question: {pause.question}")
+            for i, choice in enumerate(pause.choices or (), 1):
+                self.say(f"  {i}) {choice}")
+            self.say("answer: ", end="")
+        self.changed()
+
+    def render_pause(self, event: object) -> None:
+        """A pause asked, or answered (by anyone: the journal's record)."""
+        if isinstance(event, ApprovalRequested | InputRequested):
+            if isinstance(msg := event.record.message, ApprovalRequest | InputRequest):
+                self.ask(msg)
+        elif isinstance(event, ApprovalGiven | InputGiven):
+            msg = event.record.message
+            if isinstance(msg, ApprovalAnswer):
+                verdict = "approved" if msg.approve else "refused" + (
+                    f": {msg.reason}" if msg.reason else "")
+                self.note(f"{verdict}: {msg.call_id}")
+            elif isinstance(msg, InputAnswer):
+                self.note(f"answered: {_short(msg.text or str(msg.data))}")
+            if isinstance(msg, ApprovalAnswer | InputAnswer):
+                self.answered(msg.call_id)
 
     def render_durable(self, event: object) -> None:
-        if isinstance(event, ToolCallEvent | ToolResultEvent | ToolFailed | ErrorEvent):
+        if isinstance(event, ApprovalRequested | InputRequested | ApprovalGiven | InputGiven):
+            self.render_pause(event)
+        elif isinstance(event, ToolCallEvent | ToolResultEvent | ToolFailed | ErrorEvent):
             msg = event.record.message
             if isinstance(msg, ToolCall):
                 self.note(f"tool call: {msg.name}({_short(msg.arguments)})")
