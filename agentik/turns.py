@@ -8,7 +8,12 @@ once so both projections end a turn alike.
 - :class:`PartialStep`: the text shown before the turn was cut (an interrupted answer); its
   ending (:class:`InterruptedStep` or :class:`ErrorStep`) follows in the same commit;
 - :class:`InterruptedStep`, :class:`ErrorStep`: the turn ended without its answer;
-- :class:`ClosedStep`: the conversation is closing (deleted): every turn of it is over.
+- :class:`ClosedStep`: the conversation is closing (deleted): every turn of it is over;
+- :class:`PauseStep`, :class:`AnsweredStep`: a call of the turn waits for a person (docs/PROTOCOL.md,
+  "A person in the loop"), and the answer that ends that wait (whoever gave it).
+
+:func:`open_pauses` and :func:`ending_in` read the journal the same way: which pauses of a turn
+still wait, and how it ended.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentik.wire import (
+    ApprovalAnswer,
+    ApprovalGiven,
+    ApprovalRequest,
+    ApprovalRequested,
     AssistantMessage,
     AssistantMessageEvent,
     Content,
@@ -24,7 +33,14 @@ from agentik.wire import (
     Error,
     ErrorEvent,
     Event,
+    InputAnswer,
+    InputGiven,
+    InputRequest,
+    InputRequested,
     Interrupted,
+    MessageRecord,
+    Pause,
+    PauseAnswer,
     Text,
     ToolCall,
     ToolCallEvent,
@@ -62,7 +78,20 @@ class ClosedStep:
     reason: str
 
 
-TurnStep = ToolStep | AnswerStep | PartialStep | InterruptedStep | ErrorStep | ClosedStep
+@dataclass(frozen=True)
+class PauseStep:
+    request: Pause
+    #: the request's journal seq (the turn's open pauses are read from there on)
+    seq: int
+
+
+@dataclass(frozen=True)
+class AnsweredStep:
+    answer: PauseAnswer
+
+
+TurnStep = (ToolStep | AnswerStep | PartialStep | InterruptedStep | ErrorStep | ClosedStep
+            | PauseStep | AnsweredStep)
 
 
 def text_of(content: Sequence[Content]) -> str:
@@ -89,4 +118,42 @@ def turn_step(event: Event, turn_id: str | None) -> TurnStep | None:
                 return ErrorStep(error)
         case ConversationClosing(reason=reason):
             return ClosedStep(reason)
+        case ApprovalRequested(record=record) | InputRequested(record=record):
+            request = record.message
+            if isinstance(request, ApprovalRequest | InputRequest) and request.turn_id == turn_id:
+                return PauseStep(request, record.seq)
+        case ApprovalGiven(record=record) | InputGiven(record=record):
+            given = record.message
+            if isinstance(given, ApprovalAnswer | InputAnswer) and given.turn_id == turn_id:
+                return AnsweredStep(given)
     return None
+
+
+def open_pauses(records: Sequence[MessageRecord], turn_id: str | None) -> list[Pause]:
+    """The pauses of the turn ``turn_id`` in ``records`` (journal records, in order) that no
+    answer in them ended, in the order the turn waits on them."""
+    waiting: dict[str, Pause] = {}
+    for record in records:
+        message = record.message
+        if isinstance(message, ApprovalRequest | InputRequest) and message.turn_id == turn_id:
+            waiting[message.call_id] = message
+        elif isinstance(message, ApprovalAnswer | InputAnswer) and message.turn_id == turn_id:
+            waiting.pop(message.call_id, None)
+    return list(waiting.values())
+
+
+def ending_in(records: Sequence[MessageRecord], turn_id: str | None
+              ) -> AnswerStep | ErrorStep | PartialStep | None:
+    """How the turn ``turn_id`` ended, from journal records: its answer, its Error (a failure),
+    or its interrupted answer alone (an interrupt; the text may be empty); None: not ended."""
+    partial: PartialStep | None = None
+    for record in records:
+        message = record.message
+        if isinstance(message, Error) and message.turn_id == turn_id:
+            return ErrorStep(message)
+        if isinstance(message, AssistantMessage) and message.turn_id == turn_id:
+            text = text_of(message.content)
+            if not message.interrupted:
+                return AnswerStep(message, text)
+            partial = PartialStep(text)
+    return partial

@@ -34,7 +34,7 @@ if __package__ in (None, ""):
 from agentik.a2a.executor import RequestContext, TaskUpdater
 from agentik.a2a.service import A2AService
 from agentik.a2a.store import TaskStore
-from agentik.a2a.types import AgentSkill, Message, Part
+from agentik.a2a.types import AgentSkill, Message, Part, Task
 from agentik.a2a.web import A2AMount, CardInfo, mount
 from agentik.agent import TaskRecords
 from agentik.storage.actor import Storage, run_storage
@@ -123,6 +123,9 @@ class ScriptedExecutor:
 
     async def execute(self, request: RequestContext, updater: TaskUpdater) -> None:
         await scenario_for(request.message.message_id)(updater)
+
+    async def withdraw(self, task: Task, conversation_id: str | None) -> None:
+        pass  # nothing waits behind a scripted task
 
     async def cancel(self, request: RequestContext, updater: TaskUpdater) -> bool:
         return False  # nothing to wind down: the facade cancels the execution

@@ -18,7 +18,8 @@ reports through the :class:`TaskUpdater` the facade gives it:
 reply); returning without one fails the task, raising an A2AError before the task exists answers
 the request with that error. ``cancel(request, updater)`` asks a running execution to stop and
 returns whether ``execute`` will end by itself (else the facade cancels it at once); the task
-ends CANCELED unless the executor reported another terminal state first.
+ends CANCELED unless the executor reported another terminal state first; a task that waits for
+input (no execution runs) is cancelled after ``withdraw(task, conversation_id)``.
 ``check(message)`` refuses a message the agent would refuse (raising an A2AError) before its
 task is stored; ``conversation(context_id, previous, agent)`` names the conversation a context runs
 in (``previous``: the one its latest task used, None for a new context; ``agent``: the agent whose
@@ -118,3 +119,7 @@ class Executor(Protocol):
     async def execute(self, request: RequestContext, updater: TaskUpdater) -> None: ...
 
     async def cancel(self, request: RequestContext, updater: TaskUpdater) -> bool: ...
+
+    async def withdraw(self, task: Task, conversation_id: str | None) -> None:
+        """``task`` waits for input (no execution runs) and is cancelled: end what it waits on."""
+        ...

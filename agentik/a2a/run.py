@@ -83,6 +83,9 @@ class Updater:
         self._store = store
         self._run = run
         self._request = run.request
+        #: one creation at a time: the executor's tasks report concurrently (its first text
+        #: chunk's start and a tool call's WORKING can race to create the task twice)
+        self._creating = trio.Lock()
 
     def agent_message(self, parts: list[Part]) -> Message:
         return agent_message(parts, context_id=self._request.context_id,
@@ -92,6 +95,10 @@ class Updater:
         """Create the run's task if it does not exist yet; True if this call did (with the given
         status). Raises :func:`~agentik.a2a.errors.conversation_gone` when the context's
         conversation was deleted before the task was stored."""
+        async with self._creating:
+            return await self._create(state, message)
+
+    async def _create(self, state: TaskState, message: Message | None) -> bool:
         run = self._run
         if run.snapshot is not None:
             return False

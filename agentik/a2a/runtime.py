@@ -36,7 +36,9 @@ import trio
 
 from agentik.a2a import errors as e
 from agentik.a2a.executor import CALLER, RequestContext, TaskUpdater
-from agentik.a2a.types import Message, Part
+from agentik.a2a.pauses import waiting_of
+from agentik.a2a.types import Message, Part, Task
+from agentik.a2a.waiting import Asking
 from agentik.content import check_image
 from agentik.errors import (
     BusyError,
@@ -45,11 +47,13 @@ from agentik.errors import (
     NotFoundError,
 )
 from agentik.turns import (
+    AnsweredStep,
     AnswerStep,
     ClosedStep,
     ErrorStep,
     InterruptedStep,
     PartialStep,
+    PauseStep,
     ToolStep,
     turn_step,
 )
@@ -105,6 +109,7 @@ class _Turn:
         self.running = False
         self.artifact_id: str | None = None
         self.sent = ""  # text already streamed as chunks
+        self.pause_seq: int | None = None  # the journal seq of the turn's first pause seen
 
 
 class _Online:
@@ -120,7 +125,7 @@ class _Online:
         await self.done.wait()
 
 
-class AgentikExecutor:
+class AgentikExecutor(Asking):
     def __init__(self, agent: LocalAgent) -> None:
         self.agent = agent
         self._turns: dict[str, _Turn] = {}
@@ -175,6 +180,13 @@ class AgentikExecutor:
                 await self.agent.cancel_turn(cid, turn.turn_id)
         return False
 
+    async def withdraw(self, task: Task, conversation_id: str | None) -> None:
+        """A task that asks for input is cancelled: its waiting turn is interrupted."""
+        waiting = waiting_of(task)
+        if waiting is not None and conversation_id is not None:
+            with contextlib.suppress(NotFoundError):  # deleted meanwhile: nothing waits
+                await self.agent.cancel_turn(conversation_id, waiting.turn_id)
+
     async def execute(self, request: RequestContext, updater: TaskUpdater) -> None:
         cid = request.conversation_id
         if cid is None:
@@ -182,6 +194,13 @@ class AgentikExecutor:
         conversation = await self.agent.get_conversation(cid)
         if conversation is None:  # deleted since the facade looked it up
             raise e.conversation_gone(request.context_id)
+        waiting = None if request.task is None else waiting_of(request.task)
+        if waiting is not None:  # a follow-up answering the pause its turn waits on
+            self._turns[request.task_id] = turn = _Turn()
+            try:
+                return await self.follow_up(request, updater, waiting, turn, _Online())
+            finally:
+                self._turns.pop(request.task_id, None)
         context = MessageContext(
             origin=MessageOrigin(kind="agent", id=request.context_id),
             metadata={"a2a_context_id": request.context_id, "a2a_task_id": request.task_id,
@@ -341,6 +360,13 @@ class AgentikExecutor:
                     await updater.working(message)
                 case PartialStep(text=text):
                     partial = text  # Interrupted or Error follows in the same commit
+                case PauseStep(seq=seq):
+                    turn.pause_seq = seq if turn.pause_seq is None else turn.pause_seq
+                    if await self.ask_if_waiting(cid, turn, updater, online):
+                        return
+                case AnsweredStep():
+                    if await self.ask_if_waiting(cid, turn, updater, online):
+                        return
                 case AnswerStep(text=text):
                     await online.stop()
                     await self._final_text(turn, updater, text)

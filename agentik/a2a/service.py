@@ -12,8 +12,8 @@
   the executor (an exception group of agentik errors only); anything else is an unexpected
   failure (logged, -32603).
 - A message with ``taskId`` is a follow-up of a task that waits for input: it joins the task's
-  history and runs the executor again. A terminal task refuses it (-32004), an unknown one is
-  -32001, a different ``contextId`` is -32602.
+  history and runs the executor again (cancelling such a task: ``executor.withdraw``). A
+  terminal task refuses it (-32004), an unknown one -32001, another ``contextId`` -32602.
 - Streams are "the task as of seq N, then its changes after N" from the store, so a stream that
   starts late (or a second subscriber) misses nothing and sees the same events.
 """
@@ -100,10 +100,9 @@ def _check_id(name: str, value: str) -> str:
     return value
 
 
-def _check_history_length(value: int | None) -> int | None:
+def _check_history_length(value: int | None) -> None:
     if value is not None and value < 0:
         raise e.invalid_params(f"historyLength must be >= 0, got {value}")
-    return value
 
 
 class A2AService:
@@ -382,11 +381,11 @@ class A2AService:
             run.cancel_scope.cancel()
             await run.done.wait()
         else:
+            if stored.task.status.state in INTERRUPTED:  # its turn may wait for a person
+                await self.executor.withdraw(stored.task, stored.conversation_id)
             status = TaskStatus(state=CANCELED, timestamp=timestamp())
-            await self.store.change(
-                task_id,
-                lambda task: None if task.status.state in TERMINAL else status_change(task, status),
-            )
+            await self.store.change(task_id, lambda task: None if task.status.state in TERMINAL
+                                    else status_change(task, status))
         final = await self.store.get(task_id)
         if final is None:  # deleted with its conversation meanwhile
             raise e.task_not_found(task_id)
