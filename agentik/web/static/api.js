@@ -169,4 +169,35 @@ export class Api {
   interrupt(id) {
     return this.request("POST", `/conversations/${encodeURIComponent(id)}/interrupt`);
   }
+
+  // branches (docs/PROTOCOL.md "Branches")
+
+  _message(id, messageId) {
+    return `/conversations/${encodeURIComponent(id)}/messages/${encodeURIComponent(messageId)}`;
+  }
+
+  snapshot(id) {
+    return this.get(`/conversations/${encodeURIComponent(id)}/snapshot`);
+  }
+
+  edit(id, messageId, text) {
+    return this.request("POST", `${this._message(id, messageId)}/edit`,
+      { content: [{ type: "text", body: text }], context: { origin: { kind: "user", id: this.clientId } } },
+      { "Idempotency-Key": randomId() });
+  }
+
+  regenerate(id, messageId) {
+    return this.request("POST", `${this._message(id, messageId)}/regenerate`, {},
+      { "Idempotency-Key": randomId() });
+  }
+
+  siblings(id, messageId) {
+    return this.get(`${this._message(id, messageId)}/siblings`);
+  }
+
+  /** Make a version current; answers the conversation's snapshot after the switch. */
+  branch(id, messageId) {
+    return this.request("POST", `/conversations/${encodeURIComponent(id)}/branch`,
+      { message_id: messageId }, { "Idempotency-Key": randomId() });
+  }
 }

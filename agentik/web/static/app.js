@@ -4,6 +4,7 @@
 
 import { agentName, chosenAgent, loadAgents } from "./agents.js";
 import { Api, ApiError, AuthError, NetworkError } from "./api.js";
+import { answerControls, editor, userControls } from "./branches.js";
 import { renderMarkdown } from "./markdown.js";
 import { Chat, ConversationList } from "./store.js";
 import { Connection } from "./sync.js";
@@ -26,6 +27,8 @@ let chat = null;
 /** key -> {node, sig} of the open chat's message elements */
 let nodes = new Map();
 let draftFrame = 0;
+/** the id of the user message being edited (branches.js's editor replaces its text) */
+let editing = null;
 let hadToken = Boolean(api.token);
 
 const connection = new Connection(api, {
@@ -48,6 +51,7 @@ const connection = new Connection(api, {
     renderChat();
   },
   chatEvent(id, common) {
+    if (chat?.id === id) followBranches(chat, common);
     if (chat?.id !== id || !chat.applyDurable(common)) return;
     if (common.event.type === "deleted") chatGone(id);
     else renderChat();
@@ -420,16 +424,22 @@ function reasoningNode(text) {
   return details;
 }
 
-function userNode(record) {
+function userNode(record, busy) {
   const node = messageShell("article", "user", record.id);
   node.append(meta("You", record.created_at));
   const body = el("div", "msg-body");
-  body.append(...contentNodes(record.message.content, false));
+  if (editing === record.id) {
+    const text = (record.message.content ?? []).filter((p) => p.type === "text").map((p) => p.body).join("\n");
+    body.append(editor(text, (edited) => branchActions.save(record, edited), branchActions.cancel));
+  } else {
+    body.append(...contentNodes(record.message.content, false));
+  }
   node.append(body);
+  if (!chat.deleted) node.append(userControls(record, branchActions, busy));
   return node;
 }
 
-function assistantNode(record) {
+function assistantNode(record, controls) {
   const message = record.message;
   const node = messageShell("article", "assistant", record.id);
   const head = meta("Assistant", record.created_at);
@@ -443,6 +453,7 @@ function assistantNode(record) {
   body.append(...contentNodes(message.content, true));
   if (!message.content?.length) body.append(el("p", "muted", "(no text)"));
   node.append(body);
+  if (controls) node.append(controls);
   return node;
 }
 
@@ -476,12 +487,13 @@ function toolNode(key, call, result) {
   return node;
 }
 
-function errorNode(record) {
+function errorNode(record, controls) {
   const node = messageShell("article", "error", record.id);
   node.setAttribute("role", "note");
   node.append(meta("Error", record.created_at));
   const text = el("p", "msg-text", record.message.message);
   node.append(text, el("p", "muted", `code: ${record.message.code}`));
+  if (controls) node.append(controls);
   return node;
 }
 
@@ -527,6 +539,17 @@ function wantedNodes() {
     if (m.type === "tool_call") calls.add(m.call_id);
     if (m.type === "tool_result" && !results.has(m.call_id)) results.set(m.call_id, item.record);
   }
+  // the answer "Regenerate" is offered on: the last answer, when no message follows it
+  let lastAnswer = null;
+  for (const item of items) {
+    const type = item.kind === "record" ? item.record.message.type : null;
+    if (type === "assistant_message" || type === "error") lastAnswer = item.record.id;
+    else if (type === "user_message") lastAnswer = null;
+  }
+  const busy = chat.running || chat.deleted;
+  const versions = (r) => `${r.siblings ?? 1}:${r.sibling_index ?? 0}:${busy}`;
+  const controls = (r) => (chat.deleted ? null
+    : answerControls(r, branchActions, { last: r.id === lastAnswer, busy }));
   for (const item of items) {
     if (item.kind === "interrupted") {
       out.push({ key: `interrupted:${item.turnId}`, sig: "", build: () => interruptedNode(item.turnId) });
@@ -536,10 +559,12 @@ function wantedNodes() {
     const m = record.message;
     switch (m.type) {
       case "user_message":
-        out.push({ key: record.id, sig: "", build: () => userNode(record) });
+        out.push({ key: record.id, sig: `${versions(record)}:${editing === record.id}`,
+          build: () => userNode(record, busy) });
         break;
       case "assistant_message":
-        out.push({ key: record.id, sig: "", build: () => assistantNode(record) });
+        out.push({ key: record.id, sig: `${versions(record)}:${record.id === lastAnswer}`,
+          build: () => assistantNode(record, controls(record)) });
         break;
       case "tool_call": {
         const result = results.get(m.call_id);
@@ -552,7 +577,8 @@ function wantedNodes() {
         }
         break;
       case "error":
-        out.push({ key: record.id, sig: "", build: () => errorNode(record) });
+        out.push({ key: record.id, sig: `${versions(record)}:${record.id === lastAnswer}`,
+          build: () => errorNode(record, controls(record)) });
         break;
       default:
         break;
@@ -625,6 +651,86 @@ function scheduleDraft() {
     renderChat();
   });
 }
+
+// --- branches (docs/PROTOCOL.md "Branches") ----------------------------------------------------
+
+/** Load the open chat's current branch again, keeping records newer than the snapshot (they
+ * came by events while it was read). */
+let reloads = 0;
+
+async function reloadChat(id) {
+  const mine = ++reloads; // only the last one started is applied: it reads the newest state
+  try {
+    const snapshot = await api.snapshot(id);
+    if (chat?.id !== id || mine !== reloads) return;
+    const newer = [...chat.records.values()].filter((r) => r.seq > snapshot.cursor.offset);
+    chat.replace(snapshot);
+    for (const r of newer) chat.records.set(r.id, r);
+    renderChat();
+  } catch (exc) {
+    failed("Could not load the conversation", exc);
+  }
+}
+
+/** A `branch_changed` event: the current branch moved (here or in another tab), so the page
+ * reads it again; and once more when that turn has its answer, for its versions' counts. */
+function followBranches(open, common) {
+  const type = common.event.type;
+  if (type === "branch_changed") {
+    open.branchTurn = true;
+    reloadChat(open.id);
+  } else if (open.branchTurn && (type === "assistant_message" || type === "error" || type === "interrupted")) {
+    open.branchTurn = false;
+    reloadChat(open.id);
+  }
+}
+
+const branchActions = {
+  async step(record, delta) {
+    const id = chat?.id;
+    if (!id) return;
+    try {
+      const versions = await api.siblings(id, record.id);
+      const at = versions.findIndex((v) => v.id === record.id);
+      const target = versions[at + delta];
+      if (at < 0 || !target) return;
+      const snapshot = await api.branch(id, target.id);
+      reloads++; // a reload under way read the branch before this switch
+      if (chat?.id !== id) return;
+      chat.replace(snapshot);
+      renderChat();
+    } catch (exc) {
+      failed("Could not show that version", exc);
+    }
+  },
+  startEdit(record) {
+    editing = record.id;
+    renderChat();
+  },
+  cancel() {
+    editing = null;
+    renderChat();
+  },
+  async save(record, text) {
+    const id = chat?.id;
+    if (!id) return;
+    try {
+      await api.edit(id, record.id, text);
+      editing = null;
+      renderChat();
+    } catch (exc) {
+      failed("Could not send the edit", exc);
+    }
+  },
+  async regenerate(record) {
+    if (!chat) return;
+    try {
+      await api.regenerate(chat.id, record.id);
+    } catch (exc) {
+      failed("Could not regenerate", exc);
+    }
+  },
+};
 
 // --- the composer --------------------------------------------------------------------------------
 

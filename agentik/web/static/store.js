@@ -155,6 +155,18 @@ export class Chat {
         if (ev.turn_id) this.interruptions.set(ev.turn_id, common.cursor?.offset ?? Infinity);
         this._turnOver(ev.turn_id ?? null);
         return true;
+      case "branch_changed": {
+        // What no longer is on the branch goes at once (the page then reads the branch again):
+        // a regenerate's branch ends with its user message, an edit's before the edited one.
+        const point = ev.record.message;
+        const at = this.records.get(point.message_id);
+        if (!at || point.kind === "switch") return false;
+        const from = point.kind === "edit" ? at.seq : at.seq + 1;
+        for (const [id, r] of this.records) {
+          if (r.seq >= from && r.seq < ev.record.seq) this.records.delete(id);
+        }
+        return true;
+      }
       case "renamed":
         if (this.conversation) this.conversation = { ...this.conversation, title: ev.title };
         return true;
