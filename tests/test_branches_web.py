@@ -150,3 +150,35 @@ async def test_bad_branch_requests_are_clear_4xx(server: Server, openai: Scripte
         assert response.status_code == 404
         response = await http.get(f"{base}/messages/{answer.id}/siblings")
         assert response.status_code == 200 and [r["id"] for r in response.json()] == [answer.id]
+
+
+async def test_the_client_cache_follows_the_current_branch(
+    server: Server, openai: ScriptedOpenAI
+) -> None:
+    """``JournalSync`` keeps its store equal to the current branch: an edit (from another
+    client) drops the old version from the cache; a switch back restores it."""
+    from agentik.client import BackoffPolicy, InMemoryJournalStore, JournalSync
+
+    openai.default = Echo(prefix="re ")
+    async with AgentikAgent("t", server.url) as agent:
+        conv = await agent.create_conversation()
+        for text in ("u1", "u2"):
+            start = await agent.outbox.current_cursor()
+            await conv.send(text)
+            await settle(agent, conv.id, start)
+        store = InMemoryJournalStore()
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                sync = JournalSync(agent, conv.id, store, policy=BackoffPolicy.fixed(0.02))
+                await nursery.start(sync.run)
+                _, _, u2, _ = await conv.get_messages()
+                cursor = await agent.outbox.current_cursor()
+                await conv.edit(u2.id, "u2 b")
+                await settle(agent, conv.id, cursor)
+                await sync.wait_for((await agent.outbox.current_cursor()).offset)
+                assert await store.list(conv.id) == await conv.get_messages()
+                assert texts(await store.list(conv.id)) == ["u1", "re u1", "u2 b", "re u2 b"]
+                await conv.switch_branch(u2.id)
+                await sync.wait_for((await agent.outbox.current_cursor()).offset)
+                assert texts(await store.list(conv.id)) == ["u1", "re u1", "u2", "re u2"]
+                nursery.cancel_scope.cancel()

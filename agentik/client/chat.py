@@ -31,8 +31,8 @@ from agentik.wire import (
     ApprovalRequest,
     Cursor,
     Deleted,
-    MessageRecord,
     Pause,
+    UserMessage,
 )
 
 HISTORY = 10
@@ -150,14 +150,10 @@ class Chat(ChatScreen):
         return await self.agent.create_conversation(title=title, agent=agent)
 
     async def show_history(self, conv: HttpConversation) -> None:
-        count = await self.agent.journal.count(conversation_id=conv.id)
-        after = 0
-        records: list[MessageRecord] = []
-        if count > HISTORY:
-            skipped = await self.agent.journal.list(conversation_id=conv.id, limit=count - HISTORY)
-            after = skipped[-1].seq if skipped else 0
-        records = await self.agent.journal.list(conversation_id=conv.id, after_seq=after, limit=HISTORY)
-        self.show_records(conv.title, conv.id, records)
+        """The last messages of the conversation's current branch (docs/PROTOCOL.md
+        "Branches": its other versions are not shown)."""
+        snapshot = await self.agent.chat_snapshot(conv.id)
+        self.show_records(conv.title, conv.id, snapshot.messages[-HISTORY:])
 
     # --- running ---------------------------------------------------------------------------------
 
@@ -290,6 +286,8 @@ class Chat(ChatScreen):
         elif name == "/new":
             self.switch_to = await self.new_conversation(arg or None)
             self.quit.set()
+        elif name in ("/edit", "/retry"):
+            await self.branch_command(name, arg, conv)
         elif name == "/list":
             picked = await self.pick(None, current=conv.id)
             if picked is not None and picked.id != conv.id:
@@ -299,12 +297,36 @@ class Chat(ChatScreen):
             self.note(f"unknown command {name}; /help lists the commands")
 
 
+    async def branch_command(self, name: str, arg: str, conv: HttpConversation) -> None:
+        """``/edit N TEXT``: a new version of the N-th of your messages (1: the first) of the
+        current branch, answered; ``/retry``: a new answer to your last message."""
+        listing = (await self.agent.chat_snapshot(conv.id)).messages
+        users = [r for r in listing if isinstance(r.message, UserMessage)]
+        if name == "/retry":
+            if not users:
+                self.note("nothing to answer again yet")
+                return
+            self.turn_started()
+            await conv.regenerate(users[-1].id)
+            self.note("answering your last message again")
+            return
+        number, _, text = arg.partition(" ")
+        if not number.isdigit() or not 1 <= int(number) <= len(users) or not text.strip():
+            self.note(f"usage: /edit N TEXT, N from 1 to {len(users)} (your messages, in order)")
+            return
+        self.turn_started()
+        await conv.edit(users[int(number) - 1].id, text.strip())
+        self.note(f"message {number} edited; the answer follows")
+
+
 #: the chat's commands, for /help
 COMMANDS = [
     ("/help", "this list"),
     ("/title [TEXT]", "rename this conversation (no TEXT: clear the title)"),
     ("/new [TITLE]", "start a new conversation"),
     ("/list", "list the conversations and switch to one"),
+    ("/edit N TEXT", "a new version of your N-th message (1: the first), answered again"),
+    ("/retry", "a new answer to your last message"),
     ("/quit", "leave (also Ctrl-D)"),
 ]
 

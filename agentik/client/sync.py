@@ -1,8 +1,9 @@
 """The resync algorithm (docs/PROTOCOL.md §6), done once, correctly.
 
-:class:`JournalSync` keeps a :class:`~agentik.client.cache.JournalStore` equal to the server's
-journal of one conversation; :class:`ConversationListSync` keeps a
-:class:`~agentik.client.cache.ConversationListCache` equal to the conversation list. Both::
+:class:`JournalSync` keeps a :class:`~agentik.client.cache.JournalStore` equal to the current
+branch of one conversation (its messages and snapshot; a ``BranchChanged`` reads it again);
+:class:`ConversationListSync` keeps a :class:`~agentik.client.cache.ConversationListCache` equal
+to the conversation list. Both::
 
     async with anyio.create_task_group() as tg:
         sync = JournalSync(agent, conversation_id, store)
@@ -45,6 +46,7 @@ from agentik.wire import (
     ApprovalGiven,
     ApprovalRequested,
     AssistantMessageEvent,
+    BranchChanged,
     ChatSnapshot,
     CommonEvent,
     ConversationRecord,
@@ -208,6 +210,8 @@ class JournalSync(_Sync):
         self.key = conversation_id
         self.store = store
         self.conversation: ConversationRecord | None = None
+        #: a branch turn is under way: its answer reads the branch again (``_read_branch``)
+        self._branch_turn = False
 
     async def _load_cursor(self) -> Cursor | None:
         return await self.store.load_cursor(self.key)
@@ -223,6 +227,14 @@ class JournalSync(_Sync):
         self.conversation = snap.conversation
         return snap.cursor
 
+    async def _read_branch(self, ce: CommonEvent) -> None:
+        """The current branch moved (a BranchChanged): read it again, and once more when the
+        turn that moved it has its answer (the records its events carry are not numbered)."""
+        self._branch_turn = isinstance(ce.event, BranchChanged)
+        snap: ChatSnapshot = await retrying(
+            lambda: self.agent.chat_snapshot(self.conversation_id), self.policy, self.rng)
+        await self.store.replace(self.conversation_id, snap.messages, ce.cursor)
+
     async def _gone(self) -> None:
         await self.store.clear(self.conversation_id)
         self.conversation = None
@@ -232,6 +244,11 @@ class JournalSync(_Sync):
         event = ce.event
         if isinstance(event, _RECORD_EVENTS):
             await self.store.upsert([event.record], key=self.key, cursor=ce.cursor)
+            if self._branch_turn and isinstance(event, AssistantMessageEvent | ErrorEvent):
+                await self._read_branch(ce)  # its answer: the versions' counts are final
+            return False
+        if isinstance(event, BranchChanged):
+            await self._read_branch(ce)
             return False
         if isinstance(event, Deleted) and event.conversation_id == self.conversation_id:
             await self._gone()
