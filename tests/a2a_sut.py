@@ -32,11 +32,14 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentik.a2a.executor import RequestContext, TaskUpdater
+from agentik.a2a.push import PushConfigs
 from agentik.a2a.service import A2AService
 from agentik.a2a.store import TaskStore
 from agentik.a2a.types import AgentSkill, Message, Part, Task
 from agentik.a2a.web import A2AMount, CardInfo, mount
 from agentik.agent import TaskRecords
+from agentik.agent_webhooks import Webhooks
+from agentik.config import Config
 from agentik.storage.actor import Storage, run_storage
 
 #: how long the resubscription scenario stays WORKING ("2x streaming timeout" in the TCK)
@@ -138,6 +141,7 @@ def card_info() -> CardInfo:
         version="1.0.0",
         skills=[AgentSkill(id="tck", name="TCK Conformance",
                            description="Handles TCK conformance test messages", tags=["tck"])],
+        push=True,
     )
 
 
@@ -155,8 +159,12 @@ async def _serve_storage(
         storage: Storage = await nursery.start(partial(run_storage, db_path))
         store = TaskStore(TaskRecords(storage))
         await store.recover()
+        # push notifications on agentik's own webhooks (the TCK's receiver is on 127.0.0.1)
+        hooks = Webhooks(storage, Config(push_allow_private=True), frozenset())
+        await nursery.start(hooks.start)
         async with trio.open_nursery() as runs:
             a2a.service = A2AService(store, ScriptedExecutor(), runs)
+            a2a.service.pushes = PushConfigs(store, hooks)
             task_status.started(storage)
             try:
                 await trio.sleep_forever()

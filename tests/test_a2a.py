@@ -190,7 +190,7 @@ async def test_card_is_public_and_cached_and_calls_need_the_token(
         card = response.json()
         pb_check(card, pb.AgentCard)
         assert card["name"] == "Tester"
-        assert card["capabilities"] == {"streaming": True, "pushNotifications": False,
+        assert card["capabilities"] == {"streaming": True, "pushNotifications": True,
                                         "extendedAgentCard": False}
         (interface,) = card["supportedInterfaces"]
         assert interface == {"url": server.url + "/a2a", "protocolBinding": "JSONRPC",
@@ -612,7 +612,7 @@ async def test_jsonrpc_errors_carry_their_codes(config: Config, openai: Scripted
         await rpc.error("GetTask", {"id": "nope"}, -32001)
         await rpc.error("SubscribeToTask", {"id": "nope"}, -32001)
         await rpc.error("CreateTaskPushNotificationConfig",
-                        {"taskId": "t", "url": "http://127.0.0.1/x"}, -32003)
+                        {"taskId": "nope", "url": "http://127.0.0.1/x"}, -32001)
         await rpc.error("GetExtendedAgentCard", {}, -32007)
         # Follow-ups: a terminal task -32004, an unknown one -32001, another context -32602.
         done = (await rpc.call("SendMessage", {"message": message("hi")}))["task"]

@@ -17,7 +17,7 @@ def card_info_for(agent: LocalAgent, agent_id: str | None = None) -> CardInfo:
     return CardInfo(
         name=entry.name, description=entry.description or agent.config.agent_description,
         version=_version(), skills=skills_of(agent.agent_tools(entry.id)),
-        bearer_auth=bool(agent.config.tokens),
+        bearer_auth=bool(agent.config.tokens), push=True,
     )
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from agentik.a2a.cards import card_info_for
+from agentik.a2a.push import PushConfigs
 from agentik.a2a.runtime import AgentikExecutor
 from agentik.a2a.service import A2AService
 from agentik.a2a.store import StoredTask, TaskStore
@@ -99,6 +100,7 @@ async def run_a2a(
     executor = AgentikExecutor(agent)
     async with trio.open_nursery() as nursery:
         service = A2AService(TaskStore(agent.task_records), executor, nursery)
+        service.pushes = PushConfigs(service.store, agent.webhooks)
         try:
             resumed, failed = await recover(agent, service, executor)
         except AgentikError as exc:

@@ -28,8 +28,9 @@ import trio
 
 from agentik.a2a import errors as e
 from agentik.a2a.executor import CALLER, Executor, RequestContext
+from agentik.a2a.push import PushConfigs, check_push
 from agentik.a2a.run import Execute, Run, Updater
-from agentik.a2a.store import StoredTask, TaskStore, status_change
+from agentik.a2a.store import StoredTask, TaskStore, status_change, trim_task
 from agentik.a2a.types import (
     CANCELED,
     INTERRUPTED,
@@ -59,18 +60,6 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 100
 #: how long CancelTask waits for an executor to end a cancelled execution by itself
 CANCEL_GRACE = 10.0
-
-
-def trim_task(task: Task, history_length: int | None, include_artifacts: bool = True) -> Task:
-    """``task`` as a reader asked for it: the last ``history_length`` messages (0: none; None:
-    all), artifacts only if ``include_artifacts``."""
-    history = task.history
-    if history_length is not None:
-        history = history[-history_length:] if history_length > 0 else []
-    artifacts = task.artifacts if include_artifacts else []
-    if history is task.history and artifacts is task.artifacts:
-        return task
-    return msgspec.structs.replace(task, history=history, artifacts=artifacts)
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:
@@ -107,6 +96,9 @@ def _check_history_length(value: int | None) -> None:
 
 class A2AService:
     """A2A's methods. ``nursery`` runs the executions (it must outlive requests)."""
+
+    #: the push-notification config methods (None: push notifications are not offered)
+    pushes: PushConfigs | None = None
 
     def __init__(self, store: TaskStore, executor: Executor, nursery: trio.Nursery) -> None:
         self.store = store
@@ -160,8 +152,9 @@ class A2AService:
             await admit()
         self.executor.check(message)
         config = params.configuration
-        if config is not None and config.task_push_notification_config is not msgspec.UNSET:
-            raise e.error(e.PUSH_NOT_SUPPORTED, "push notifications are not supported")
+        push = msgspec.UNSET if config is None else config.task_push_notification_config
+        if not isinstance(push, msgspec.UnsetType):  # checked before anything is stored
+            await check_push(self.pushes, push)
         if config is not None:
             _check_history_length(config.history_length)
         if message.task_id:
@@ -184,6 +177,8 @@ class A2AService:
                 except NotFoundError:  # deleted since the lookup: storage refuses the task
                     raise e.conversation_gone(context_id) from None
                 run.ready.set()
+        if not isinstance(push, msgspec.UnsetType) and self.pushes is not None:
+            await self.pushes.create(push, run.request.task_id)  # before the task's first change
         run.updater = Updater(self.store, run)
         self._runs[run.request.task_id] = run
         self._nursery.start_soon(self._execute, run)

@@ -251,3 +251,15 @@ def fail_change(task: Task, reason: str) -> tuple[Task, StreamResponse] | None:
     message = agent_message([text_part(reason)], context_id=task.context_id, task_id=task.id,
                             message_id=new_id())
     return status_change(task, TaskStatus(state=FAILED, message=message, timestamp=timestamp()))
+
+
+def trim_task(task: Task, history_length: int | None, include_artifacts: bool = True) -> Task:
+    """``task`` as a reader asked for it: the last ``history_length`` messages (0: none; None:
+    all), artifacts only if ``include_artifacts``."""
+    history = task.history
+    if history_length is not None:
+        history = history[-history_length:] if history_length > 0 else []
+    artifacts = task.artifacts if include_artifacts else []
+    if history is task.history and artifacts is task.artifacts:
+        return task
+    return msgspec.structs.replace(task, history=history, artifacts=artifacts)

@@ -138,7 +138,7 @@ class ListTasksResponse(A2A, kw_only=True):
 
 class SendMessageConfiguration(A2A, kw_only=True):
     accepted_output_modes: list[str] = []
-    task_push_notification_config: Any = msgspec.UNSET
+    task_push_notification_config: TaskPushNotificationConfig | msgspec.UnsetType = msgspec.UNSET
     history_length: int | None = None
     return_immediately: bool = False
 
@@ -173,6 +173,47 @@ class TaskIdParams(A2A, kw_only=True):
     tenant: str | None = None
     id: str
     metadata: dict[str, Any] | None = None
+
+
+# --- push notifications (docs/WEBHOOKS.md) ------------------------------------------------------
+
+
+class AuthenticationInfo(A2A, kw_only=True):
+    """The credentials a push receiver wants in ``Authorization`` (``scheme credentials``)."""
+
+    scheme: str
+    credentials: str | None = None
+
+
+class TaskPushNotificationConfig(A2A, kw_only=True):
+    """A task's push config: CreateTaskPushNotificationConfig's params and every answer's."""
+
+    tenant: str | None = None
+    id: str = ""
+    task_id: str = ""
+    url: str
+    token: str | None = None
+    authentication: AuthenticationInfo | None = None
+
+
+class PushConfigParams(A2A, kw_only=True):
+    """GetTaskPushNotificationConfig and DeleteTaskPushNotificationConfig."""
+
+    tenant: str | None = None
+    task_id: str
+    id: str
+
+
+class ListPushConfigsParams(A2A, kw_only=True):
+    tenant: str | None = None
+    task_id: str
+    page_size: int | None = None
+    page_token: str | None = None
+
+
+class ListPushConfigsResponse(A2A, kw_only=True):
+    configs: list[TaskPushNotificationConfig]
+    next_page_token: str  # no default: always sent, "" on the last page
 
 
 # --- agent card ----------------------------------------------------------------------------------

@@ -41,12 +41,15 @@ from agentik.a2a.types import (
     AgentSkill,
     GetTaskParams,
     HTTPAuthSecurityScheme,
+    ListPushConfigsParams,
     ListTasksParams,
+    PushConfigParams,
     SecurityRequirement,
     SecurityScheme,
     SendMessageParams,
     StringList,
     TaskIdParams,
+    TaskPushNotificationConfig,
     camel_keys,
     encode,
     valid_rpc_id,
@@ -81,6 +84,8 @@ class CardInfo:
     skills: list[AgentSkill]
     bearer_auth: bool = False
     provider: AgentProvider | None = None
+    #: the push-notification config methods are served (docs/WEBHOOKS.md)
+    push: bool = False
 
 
 @dataclass(eq=False)
@@ -132,7 +137,7 @@ def build_card(info: CardInfo, rpc_url: str) -> AgentCard:
         provider=info.provider,
         supported_interfaces=[AgentInterface(url=rpc_url, protocol_binding="JSONRPC",
                                              protocol_version=PROTOCOL_VERSION)],
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False,
+        capabilities=AgentCapabilities(streaming=True, push_notifications=info.push,
                                        extended_agent_card=False),
         security_schemes=schemes, security_requirements=requirements,
         default_input_modes=["text/plain"], default_output_modes=["text/plain"],
@@ -276,12 +281,25 @@ async def _dispatch(request_id: Any, method: str, raw: Any, agent: str | None) -
     elif method == "CancelTask":
         result = await st.require().cancel(_params(raw, TaskIdParams).id)
     elif method in PUSH_METHODS:
-        raise e.error(e.PUSH_NOT_SUPPORTED, "push notifications are not supported")
+        result = await _push(st.require(), method, raw)
     elif method == "GetExtendedAgentCard":
         raise e.error(e.EXTENDED_CARD_NOT_CONFIGURED, "this agent has no extended agent card")
     else:
         raise e.error(e.METHOD_NOT_FOUND, f"method {method!r} not found")
     return Response(_result(request_id, result), status=200, content_type=JSON)
+
+
+async def _push(service: A2AService, method: str, raw: Any) -> Any:
+    pushes = service.pushes
+    if pushes is None:
+        raise e.error(e.PUSH_NOT_SUPPORTED, "push notifications are not supported")
+    if method == "CreateTaskPushNotificationConfig":
+        return await pushes.create(_params(raw, TaskPushNotificationConfig))
+    if method == "ListTaskPushNotificationConfigs":
+        return await pushes.list(_params(raw, ListPushConfigsParams))
+    if method == "GetTaskPushNotificationConfig":
+        return await pushes.get(_params(raw, PushConfigParams))
+    return await pushes.delete(_params(raw, PushConfigParams))
 
 
 # --- SSE -----------------------------------------------------------------------------------------
