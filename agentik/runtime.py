@@ -93,6 +93,7 @@ async def open_runtime(
                 try:
                     async with trio.open_nursery() as actors:
                         registry = Registry(deps, actors)
+                        await actors.start(registry.run_wakeups)  # deadlines of parked pauses
                         if storage.leases is not None:  # a cluster node stops its own actors
                             storage.leases.on_stop = registry.stop
                             # ... and runs the queued turns of a conversation its sweeper took

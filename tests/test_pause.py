@@ -231,8 +231,46 @@ async def test_ask_user_asks_and_the_answer_is_the_tools_result(db_path: str) ->
         seen = await until(agent, conv.id, cursor, is_type("input_requested"))
         call_id = seen[-1].event.record.message.call_id  # type: ignore[union-attr]
         assert call_id != "q1"  # the model reused its id: agentik's own now
-        assert await conv.send("a.txt") == (await conv.get_messages(limit=1000))[-1].id
+        answer_id = await conv.send("a.txt")  # the answer's record, not a user message
+        (record,) = [r for r in await conv.get_messages(limit=1000) if r.id == answer_id]
+        assert record.message == InputAnswer(call_id=call_id, text="a.txt",
+                                             turn_id=record.message.turn_id)  # type: ignore[union-attr]
         rest = await until(agent, conv.id, seen[-1].cursor, is_type("touched"))
         assert [e.type for e in rest] == ["input_given", "tool_result", "assistant_message",
                                           "touched"]
         assert answer_text(rest) == "tools said: b.txt | a.txt"
+
+
+async def passivated(agent: LocalAgent, cid: str) -> None:
+    """Until the conversation's actor is passivated: it exits, and the registry forgot it."""
+    handle = agent._registry.live[cid]
+    with trio.fail_after(10):
+        await handle.exited.wait()
+    assert cid not in agent._registry.live
+
+
+async def test_a_waiting_turn_survives_passivation_and_an_answer_loads_it_again(
+        db_path: str) -> None:
+    """An actor idle while its turn waits is passivated (no task per waiting turn); the
+    answer cold-loads the conversation, whose new actor resumes the turn from storage."""
+    tool = Tool()
+    config = cfg(db_path, idle_timeout=0.05)
+    async with open_runtime(config, llm=model(DELETE), tools=tool.tools) as agent:
+        conv, seen = await paused(agent)
+        await passivated(agent, conv.id)
+        await conv.approve("c1")
+        rest = await until(agent, conv.id, seen[-1].cursor, is_type("touched"))
+        assert [e.type for e in rest] == ["approval_given", "tool_result", "assistant_message",
+                                          "touched"]
+        assert tool.runs == ["a.txt"]
+
+
+async def test_the_deadline_of_a_passivated_waiting_turn_still_denies_it(db_path: str) -> None:
+    tool = Tool()
+    config = cfg(db_path, idle_timeout=0.05, approval_timeout=0.5)
+    async with open_runtime(config, llm=model(DELETE), tools=tool.tools) as agent:
+        conv, seen = await paused(agent)
+        await passivated(agent, conv.id)
+        rest = await until(agent, conv.id, seen[-1].cursor, is_type("touched"))
+        assert answer_text(rest) == "tools said: the call was denied: no answer came in time"
+        assert tool.runs == []

@@ -33,6 +33,7 @@ from agentik.actors.ending import TurnEndings, turn_fields
 from agentik.actors.handle import ConversationHandle
 from agentik.actors.memory import WorkingMemory
 from agentik.actors.messages import Turn
+from agentik.actors.pausing import Parked
 from agentik.actors.tool_phase import ToolPhase
 from agentik.errors import (
     LlmContextOverflowError,
@@ -175,6 +176,9 @@ class ConversationActor(TurnEndings, ToolPhase, BranchTurns):
             else:
                 outcome = "completed"
             raise
+        except Parked:  # passivated while it waits: stored waiting, resumed at the next load
+            h.pauses.close()
+            outcome = "paused"
         except Exception:
             crashed = True
             raise

@@ -63,6 +63,11 @@ class Keeper(Protocol):
         """The actor is gone: the next lookup starts a fresh one."""
         ...
 
+    def wake_at(self, conversation_id: str, deadline: float) -> None:
+        """A passivated conversation's turn waits for a person until ``deadline`` (Unix
+        seconds): load it again then, so its new actor stores the denial."""
+        ...
+
     def unsettled(self, handle: ConversationHandle, pending: Sequence[ops.AnyOp]) -> None:
         """The actor was stopped before the store took its turn's ending: store ``pending``
         (in order, retried while the store refuses writes) before the conversation runs again."""

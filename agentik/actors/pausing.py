@@ -18,7 +18,7 @@ NotFoundError. So two clients answering at once get one answer stored, and the c
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -47,6 +47,11 @@ from agentik.wire import (
 
 #: journal records read a page at a time (a resumed turn, an answer to a closed pause)
 _PAGE = 1000
+
+
+class Parked(Exception):
+    """The actor was passivated while its turn waits (:meth:`Pauses.wait`): the turn stays
+    waiting in storage, without a task; the next cold load resumes it."""
 
 
 @dataclass(eq=False)
@@ -152,9 +157,12 @@ class Pauses:
         slot.settled.set()
         return slot.record
 
-    async def wait(self, slot: Slot) -> PauseAnswer:
+    async def wait(self, slot: Slot, idle: float, park: Callable[[], bool]) -> PauseAnswer:
         """The stored answer of ``slot``; its deadline passing stores the denial (unless a
-        person's answer took it first). Raises StorageError when that cannot be stored."""
+        person's answer took it first). After ``idle`` seconds without an answer, ``park()``
+        may passivate the actor (True): then Parked is raised, the turn is left waiting in
+        storage (the next cold load reads it back). Raises StorageError when the denial cannot
+        be stored."""
         deadline = slot.request.deadline
         while slot.record is None:
             if deadline is not None and time.time() >= deadline and slot.answer is None:
@@ -165,10 +173,13 @@ class Pauses:
                 except (StorageError, RuntimeClosedError):
                     await trio.sleep(RETRY.maximum)  # the store refuses writes: again, later
                 continue
-            at = (trio.current_time() + max(0.0, deadline - time.time())
-                  if deadline is not None and slot.answer is None else float("inf"))
-            with trio.move_on_at(at):
+            due = (trio.current_time() + max(0.0, deadline - time.time())
+                   if deadline is not None and slot.answer is None else float("inf"))
+            quiet = trio.current_time() + idle
+            with trio.move_on_at(min(due, quiet)):
                 await slot.settled.wait()
+            if slot.answer is None and trio.current_time() >= quiet and park():
+                raise Parked()
         answer = slot.record.message
         assert isinstance(answer, ApprovalAnswer | InputAnswer)
         return answer

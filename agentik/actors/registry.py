@@ -8,6 +8,7 @@ id share one actor. It is the ``Keeper`` of every handle it hands out.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,6 +59,9 @@ class Registry:
         #: conversation id -> the ending ops a stopped actor left unstored (``unsettled``), and
         #: the event set once they are stored or dropped
         self._unsettled: dict[str, tuple[list[ops.AnyOp], trio.Event]] = {}
+        #: (deadline, conversation id) of passivated turns waiting for a person (``wake_at``)
+        self._wakeups: list[tuple[float, str]] = []
+        self._wakeup_added = trio.Event()
 
     async def _start(
         self, conversation_id: str, agent: AgentDeps,
@@ -289,6 +293,28 @@ class Registry:
         handle.mailbox.close()
         self.forget(handle)
         return True
+
+    def wake_at(self, conversation_id: str, deadline: float) -> None:
+        """Keeper: load the passivated conversation at its waiting turn's ``deadline``."""
+        heapq.heappush(self._wakeups, (deadline, conversation_id))
+        self._wakeup_added.set()
+
+    async def run_wakeups(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                          ) -> None:
+        """The one timer of the passivated turns that wait with a deadline (``wake_at``): at
+        each deadline their conversation is loaded, and its actor stores the denial. (After a
+        restart, start-up loads every waiting conversation: its actor keeps the time.)"""
+        task_status.started()
+        while True:
+            self._wakeup_added = trio.Event()
+            due = (trio.current_time() + self._wakeups[0][0] - time.time() if self._wakeups
+                   else float("inf"))
+            with trio.move_on_at(due):
+                await self._wakeup_added.wait()
+            while self._wakeups and self._wakeups[0][0] <= time.time():
+                _, conversation_id = heapq.heappop(self._wakeups)
+                if conversation_id not in self.live:
+                    await self.resume(conversation_id)
 
     def unsettled(self, handle: ConversationHandle, pending: Sequence[ops.AnyOp]) -> None:
         """Keeper: an actor stopped (a delete, a lease lost, a shutdown) while the store refused

@@ -11,6 +11,7 @@ opens its session from working memory after its calls) and to storage.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import trio
 
@@ -19,6 +20,7 @@ from agentik.actors import turn as logic
 from agentik.actors.deps import AgentDeps, Deps
 from agentik.actors.handle import ConversationHandle
 from agentik.actors.memory import WorkingMemory
+from agentik.actors.pausing import Slot
 from agentik.errors import ToolError
 from agentik.llm.base import LiteConversation
 from agentik.tools.base import CALL_META
@@ -75,10 +77,22 @@ class ToolPhase:
                                           '{"question": "...", "choices": ["...", ...]}')
             return await self._run_tool(state, call)
         self.paused = True  # left set when cancelled: the turn's ending reads it
-        answer = await self.h.pauses.wait(slot)
+        answer = await self.h.pauses.wait(slot, self.deps.config.idle_timeout,
+                                          partial(self._park, slot))
         self.paused = False
         result = asking.paused_result(state.turn_id, call, answer)
         return result if result is not None else await self._run_tool(state, call)
+
+    def _park(self, slot: Slot) -> bool:
+        """Idle while the turn waits: passivate the actor as an idle one is (not while a turn is
+        queued behind), leaving the turn waiting in storage; a deadline is kept by the keeper,
+        which loads the conversation again then (its new actor stores the denial)."""
+        h = self.h
+        if not h.keeper.passivate(h):
+            return False
+        if slot.request.deadline is not None:
+            h.keeper.wake_at(h.conversation_id, slot.request.deadline)
+        return True
 
     async def _run_tool(self, state: logic.TurnState, call: ToolCallSpec) -> ToolResult:
         """Run one tool call; every failure becomes an error result (ToolFailed), never an
