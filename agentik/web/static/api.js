@@ -200,4 +200,22 @@ export class Api {
     return this.request("POST", `/conversations/${encodeURIComponent(id)}/branch`,
       { message_id: messageId }, { "Idempotency-Key": randomId() });
   }
+
+  /** Answer the approval the paused call `callId` waits for. */
+  approve(id, callId, approve, reason) {
+    return this.request(
+      "POST",
+      `/conversations/${encodeURIComponent(id)}/approvals/${encodeURIComponent(callId)}`,
+      { approve, reason },
+    );
+  }
+
+  /** Answer the question of the paused call `callId`: `{text}` or `{data}`. */
+  answer(id, callId, body) {
+    return this.request(
+      "POST",
+      `/conversations/${encodeURIComponent(id)}/inputs/${encodeURIComponent(callId)}`,
+      body,
+    );
+  }
 }

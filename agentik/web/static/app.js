@@ -6,6 +6,7 @@ import { agentName, chosenAgent, loadAgents } from "./agents.js";
 import { Api, ApiError, AuthError, NetworkError } from "./api.js";
 import { answerControls, editor, userControls } from "./branches.js";
 import { renderMarkdown } from "./markdown.js";
+import { pauseNode, pauseSig } from "./pauses.js";
 import { Chat, ConversationList } from "./store.js";
 import { Connection } from "./sync.js";
 
@@ -465,9 +466,9 @@ function pretty(json) {
   }
 }
 
-function toolNode(key, call, result) {
+function toolNode(key, call, result, waiting = false) {
   const node = messageShell("details", "tool", key);
-  const status = !result ? "running" : result.message.is_error ? "error" : "done";
+  const status = !result ? (waiting ? "waiting" : "running") : result.message.is_error ? "error" : "done";
   node.dataset.status = status;
   const name = (call ?? result).message.name || "(unnamed tool)";
   const summary = el("summary", "tool-summary");
@@ -533,11 +534,13 @@ function wantedNodes() {
   const items = chat.items();
   const results = new Map();
   const calls = new Set();
+  const answers = new Map(); // call id -> the answer record of its pause
   for (const item of items) {
     if (item.kind !== "record") continue;
     const m = item.record.message;
     if (m.type === "tool_call") calls.add(m.call_id);
     if (m.type === "tool_result" && !results.has(m.call_id)) results.set(m.call_id, item.record);
+    if (m.type === "approval_answer" || m.type === "input_answer") answers.set(m.call_id, item.record);
   }
   // the answer "Regenerate" is offered on: the last answer, when no message follows it
   let lastAnswer = null;
@@ -550,6 +553,13 @@ function wantedNodes() {
   const versions = (r) => `${r.siblings ?? 1}:${r.sibling_index ?? 0}:${busy}`;
   const controls = (r) => (chat.deleted ? null
     : answerControls(r, branchActions, { last: r.id === lastAnswer, busy }));
+  const paused = new Set(); // calls whose pause still waits for an answer
+  for (const item of items) {
+    const m = item.record?.message;
+    if ((m?.type === "approval_request" || m?.type === "input_request") && !answers.has(m.call_id)
+        && !chat.answered.has(m.turn_id)) paused.add(m.call_id);
+  }
+  let waiting = false;
   for (const item of items) {
     if (item.kind === "interrupted") {
       out.push({ key: `interrupted:${item.turnId}`, sig: "", build: () => interruptedNode(item.turnId) });
@@ -568,7 +578,9 @@ function wantedNodes() {
         break;
       case "tool_call": {
         const result = results.get(m.call_id);
-        out.push({ key: record.id, sig: result?.id ?? "", build: () => toolNode(record.id, record, result) });
+        const waits = paused.has(m.call_id);
+        out.push({ key: record.id, sig: result?.id ?? (waits ? "waiting" : ""),
+          build: () => toolNode(record.id, record, result, waits) });
         break;
       }
       case "tool_result":
@@ -580,12 +592,33 @@ function wantedNodes() {
         out.push({ key: record.id, sig: `${versions(record)}:${record.id === lastAnswer}`,
           build: () => errorNode(record, controls(record)) });
         break;
+      case "approval_request":
+      case "input_request": {
+        const answer = answers.get(m.call_id);
+        const over = chat.answered.has(m.turn_id);
+        waiting ||= paused.has(m.call_id);
+        out.push({ key: record.id, sig: pauseSig(answer, over),
+          build: () => pauseNode(record, answer, over, pauseActions(chat.id),
+            (exc) => failed("Could not answer", exc)) });
+        break;
+      }
       default:
         break;
     }
   }
-  if (chat.draft) out.push({ key: "draft", sig: null, build: draftNode });
+  // A turn that waits for a person is not thinking: its empty draft is not shown meanwhile.
+  if (chat.draft && !(waiting && !chat.draft.text)) {
+    out.push({ key: "draft", sig: null, build: draftNode });
+  }
   return out;
+}
+
+/** What a pause's card does, for conversation `id` (the answer routes). */
+function pauseActions(id) {
+  return {
+    approve: (callId, approve, reason) => api.approve(id, callId, approve, reason),
+    answer: (callId, body) => api.answer(id, callId, body),
+  };
 }
 
 function nearBottom(box) {

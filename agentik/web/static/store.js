@@ -144,6 +144,10 @@ export class Chat {
       case "tool_call":
       case "tool_result":
       case "tool_failed":
+      case "approval_requested":
+      case "approval_given":
+      case "input_requested":
+      case "input_given":
         this.records.set(ev.record.id, ev.record);
         return true;
       case "assistant_message":
