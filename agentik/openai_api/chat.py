@@ -4,8 +4,9 @@ messages mean for a conversation, and whether the history a caller sends is the 
 - A request's *last* message is the new turn; it must be a user message. Everything before it is
   the caller's history, as :class:`Entry` items (role, text, how many images).
 - Continuing a conversation, that history must be the stored one (:func:`transcript` of its
-  journal), or empty (the caller need not repeat it); anything else is a 409 until branches
-  exist.
+  current branch), or empty (the caller need not repeat it); or it stops short of the stored
+  one at a turn, whose user message the new one edits or repeats (:func:`branch_of`: an edit or
+  a regenerate, docs/PROTOCOL.md "Branches"); anything else is a 409.
 - Seeding a new conversation, the history reaches the model as one text block ahead of the new
   message (:func:`seed_content`); the entries are kept in the user message's context metadata
   (``openai_seed``), so :func:`transcript` gives the caller's own history back and the next
@@ -174,24 +175,39 @@ def seeded_of(message: UserMessage) -> tuple[list[Entry], list[Content]] | None:
     return seed, list(message.content[1:])
 
 
-def transcript(records: Sequence[MessageRecord]) -> list[Entry]:
-    """A conversation's journal as the caller's history: seeded entries, then each answered
-    turn's user message and answer (a turn that failed without an answer is left out, as the
-    caller never got one; tool calls and results are the agent's own)."""
-    answered = {r.message.turn_id for r in records
-                if isinstance(r.message, AssistantMessage) and r.message.turn_id}
-    out: list[Entry] = []
+def turns_of(records: Sequence[MessageRecord]) -> list[tuple[UserMessage, str, AssistantMessage | None]]:
+    """A conversation's current branch (its records in seq order) as its turns: each user
+    message (its id), and its answer when it has one. An answer names its turn: its user
+    message's id, or a regenerate's own id (docs/PROTOCOL.md "Branches"), which on a branch is
+    the answer to the last user message before it still without one."""
+    turns: list[tuple[UserMessage, str, AssistantMessage | None]] = []
+    where: dict[str, int] = {}
     for record in records:
         message = record.message
         if isinstance(message, UserMessage):
-            seeded = seeded_of(message)
-            content = message.content if seeded is None else seeded[1]
-            if seeded is not None:
-                out.extend(seeded[0])
-            if record.id in answered:
-                out.append(entry_of("user", content))
+            where[record.id] = len(turns)
+            turns.append((message, record.id, None))
         elif isinstance(message, AssistantMessage):
-            out.append(entry_of("assistant", message.content))
+            at = where.get(message.turn_id or "")
+            if at is None:  # a regenerate's
+                at = next((i for i in range(len(turns) - 1, -1, -1) if turns[i][2] is None), None)
+            if at is not None:
+                turns[at] = (turns[at][0], turns[at][1], message)
+    return turns
+
+
+def transcript(records: Sequence[MessageRecord]) -> list[Entry]:
+    """A conversation's current branch as the caller's history: seeded entries, then each
+    answered turn's user message and answer (a turn that failed without an answer is left out,
+    as the caller never got one; tool calls and results are the agent's own)."""
+    out: list[Entry] = []
+    for message, _, answer in turns_of(records):
+        seeded = seeded_of(message)
+        content = message.content if seeded is None else seeded[1]
+        if seeded is not None:
+            out.extend(seeded[0])
+        if answer is not None:
+            out += [entry_of("user", content), entry_of("assistant", answer.content)]
     return out
 
 
@@ -205,3 +221,26 @@ def history_matches(sent: Sequence[Entry], stored: Sequence[Entry], *, whole: bo
     if not given and not whole:
         return True
     return given == [e for e in stored if e.role != "system"]
+
+
+def branch_of(sent: Sequence[Entry], new: Sequence[Content], records: Sequence[MessageRecord]
+              ) -> tuple[str, str] | None:
+    """What a request whose history differs from the stored branch (``records``, in seq order)
+    asks for: when its history is the stored one up to a turn (every turn before it, seeded
+    entries first), the new message is an edit of that turn's user message, or, the same text
+    again, a regenerate of its answer: ("edit" | "regenerate", that user message's id). None:
+    the history differs elsewhere (a 409). System messages are not compared."""
+    given = [e for e in sent if e.role != "system"]
+    stored: list[Entry] = []
+    for message, message_id, answer in turns_of(records):
+        seeded = seeded_of(message)
+        if seeded is not None:
+            stored.extend(e for e in seeded[0] if e.role != "system")
+        content = message.content if seeded is None else seeded[1]
+        if answer is None:
+            continue
+        if given == stored:
+            same = entry_of("user", new) == entry_of("user", content)
+            return ("regenerate" if same else "edit", message_id)
+        stored += [entry_of("user", content), entry_of("assistant", answer.content)]
+    return None

@@ -133,16 +133,24 @@ async def run_turn(
     context: MessageContext | None,
     out: trio.MemorySendChannel[TurnEvent],
     *,
+    branch: tuple[str, str] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """See the module docstring. Closes ``out`` when done; an error after the send (storage
-    failed, the stream lost its place) is reported as a :class:`Failed`."""
+    failed, the stream lost its place) is reported as a :class:`Failed`. ``branch``: an edit
+    or a regenerate of that user message rather than a send (``OpenAiService.start_turn``)."""
     async with out:
         cursor = await agent.outbox.current_cursor()
         online = _Online()
         sub = agent.online_outbox.subscribe(conversation_id, online.wake)
         try:
-            online.turn_id = turn_id = await agent.send(conversation_id, content, context)
+            if branch is None:
+                turn_id = await agent.send(conversation_id, content, context)
+            elif branch[0] == "edit":
+                turn_id = await agent.edit(conversation_id, branch[1], content, context)
+            else:
+                turn_id = await agent.regenerate(conversation_id, branch[1])
+            online.turn_id = turn_id
             task_status.started(turn_id)
             try:
                 async with trio.open_nursery() as nursery:

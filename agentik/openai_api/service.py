@@ -143,26 +143,30 @@ class OpenAiService:
 
     async def start_turn(
         self, conversation_id: str, content: list[Content], context: MessageContext | None,
-        *, delete_after: bool,
+        *, delete_after: bool, branch: tuple[str, str] | None = None,
     ) -> TurnRun:
         """Send the message and follow its turn in the service's nursery. The agent's refusal of
         the send (busy, full mailbox, bad content, unknown conversation) is raised here; with
-        ``delete_after`` the conversation is deleted once the turn is over (or refused)."""
+        ``delete_after`` the conversation is deleted once the turn is over (or refused).
+        ``branch``: the turn is an edit of (the message is a new version of) or a regenerate of
+        (the message is not sent again) that user message ("edit" | "regenerate", its id)."""
         send, recv = trio.open_memory_channel[TurnEvent](EVENT_BUFFER)
         scope = trio.CancelScope()
-        run = partial(self._run, conversation_id, content, context, send, scope, delete_after)
+        run = partial(self._run, conversation_id, content, context, send, scope, delete_after,
+                      branch)
         turn_id: str = await self._nursery.start(run)
         return TurnRun(turn_id=turn_id, events=recv, scope=scope)
 
     async def _run(
         self, cid: str, content: list[Content], context: MessageContext | None,
         send: trio.MemorySendChannel[TurnEvent], scope: trio.CancelScope, delete_after: bool,
+        branch: tuple[str, str] | None,
         *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         try:
             with scope:
                 try:
-                    await run_turn(self.agent, cid, content, context, send,
+                    await run_turn(self.agent, cid, content, context, send, branch=branch,
                                    task_status=task_status)
                 except* trio.BrokenResourceError:
                     pass  # the reader went away

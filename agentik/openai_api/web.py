@@ -203,19 +203,25 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
         if owner != req.model:
             raise ConflictError(f"conversation {given!r} belongs to the model (agent) {owner!r}, "
                                 f"not {req.model!r}")
+        branch: tuple[str, str] | None = None
         if snapshot is None or not snapshot.messages:  # none, or a fresh one: seeded
             content, context = chat.seed_content(history, new, origin)
         else:
             if not chat.history_matches(history, chat.transcript(snapshot.messages),
                                         whole=whole):
-                raise ConflictError(
-                    f"the messages before the last one differ from conversation {given!r}'s "
-                    "history (an edited or regenerated exchange): send only the new message, "
-                    "or the history as it is stored, or no conversation id to start anew")
+                # an edited or regenerated exchange: a branch (docs/PROTOCOL.md "Branches")
+                branch = chat.branch_of(history, new, snapshot.messages)
+                if branch is None:
+                    raise ConflictError(
+                        f"the messages before the last one differ from conversation {given!r}'s "
+                        "history, and not as an edit or a regenerate of one of its turns: send "
+                        "only the new message, or the history as it is stored (up to a turn), "
+                        "or no conversation id to start anew")
             content = new
             context = MessageContext(origin=MessageOrigin(kind="user"),
                                      metadata={"openai_api": origin})
-        run = await service.start_turn(given, content, context, delete_after=False)
+        run = await service.start_turn(given, content, context, delete_after=False,
+                                       branch=branch)
         return run, given
     keep = bool(req.store)
     conv = await agent.create_conversation(temp=not keep, title="OpenAI chat completion",
