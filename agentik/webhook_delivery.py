@@ -61,6 +61,8 @@ class Deliveries:
         self.failing: dict[str, float] = {}
         #: conversation id -> its agent (for the agent filter), from Created events and reads
         self._agents: dict[str, str] = {}
+        #: this node delivers now (a cluster's one node: ``Storage.lead``)
+        self.leading = False
         metrics.WEBHOOK_LAG.set_function(self._lag)
 
     def _lag(self) -> float:
@@ -79,6 +81,14 @@ class Deliveries:
 
     async def _lead(self, client: httpx2.AsyncClient) -> None:
         running: dict[str, trio.CancelScope] = {}
+        self.leading = True
+        try:
+            await self._deliver_all(client, running)
+        finally:
+            self.leading = False
+
+    async def _deliver_all(self, client: httpx2.AsyncClient,
+                           running: dict[str, trio.CancelScope]) -> None:
         async with trio.open_nursery() as nursery:
             while True:
                 self._wake = trio.Event()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx2
+import msgspec
 import pytest
 import standardwebhooks
 import trio
@@ -183,3 +184,44 @@ async def test_the_settings_file_subscriptions(
     with pytest.raises(ConfigError, match="AGENTIK_WEBHOOKS"):
         async with open_runtime(cfg, llm=ScriptedLlm([])):
             pass
+
+
+async def test_events_the_outbox_trimmed_before_delivery_are_recorded_as_lost(
+    tmp_path: Any, openai: ScriptedOpenAI, engine: str | None
+) -> None:
+    """A receiver down while the outbox (cap 4) trims past the subscription's cursor: the event
+    in hand is still sent, the trimmed ones are one ``lost`` line of the delivery log and the
+    metric's count, the ones left are sent after it, in order, once."""
+    cfg = make_config(tmp_path, openai, webhook_max_backoff=0.05, outbox_cap=4,
+                      subscriber_buffer=2)
+    with trio.fail_after(30):
+        async with open_receiver() as receiver, serve_app(cfg) as server, httpx2.AsyncClient(
+                base_url=server.url, timeout=10) as client:
+            before = await scrape(client)
+            hook = await subscribe(client, receiver.url + "/in", events=["conversation.created"])
+            receiver.down = True
+            cids = [await create(client)]
+            await receiver.wait(lambda r: len(r.requests) >= 1)  # failing, held by its task
+            cids += [await create(client) for _ in range(9)]
+            receiver.down = False
+
+            def last_one(r: Receiver) -> bool:
+                return any(cids[-1].encode() in got.body for got in r.accepted)
+
+            await receiver.wait(last_one)
+            log = await deliveries(client, hook["id"])
+            after = await scrape(client)
+    got = [msgspec.json.decode(r.body)["data"]["conversation_id"] for r in receiver.accepted]
+    offsets = [offset_of(r.headers["webhook-id"]) for r in receiver.accepted]
+    assert offsets == sorted(set(offsets)) and got[0] == cids[0]
+    (lost,) = [d for d in log if d["outcome"] == "lost"]
+    assert "trimmed from the outbox before delivery" in lost["error"]
+    first, last = (int(n) for n in lost["error"].split()[1].split(".."))
+    assert lost["offset"] == first <= last
+    # every event is either sent or counted lost, none twice: the offsets from the first on
+    lost_range = set(range(first, last + 1))
+    assert not lost_range & set(offsets)
+    assert sorted(lost_range | set(offsets)) == list(range(offsets[0], offsets[-1] + 1))
+    assert len(offsets) + len(lost_range) == len(cids)
+    key = ("agentik_webhook_deliveries_total", (("outcome", "lost"),))
+    assert after[key] - before.get(key, 0.0) == len(lost_range)
