@@ -52,7 +52,9 @@ def _offset(received: Any) -> int:
 async def _settled(client: httpx2.AsyncClient, hook: str, receiver: Receiver) -> None:
     """The stored progress covers what the receiver took (nothing to send again)."""
     last = max(_offset(r) for r in receiver.accepted)
-    while (await client.get(f"/agentik/webhooks/{hook}")).json()["delivered_through"] < last:
+    while True:  # (a row in the database: polled, no event to wait on across nodes)
+        if (await client.get(f"/agentik/webhooks/{hook}")).json()["delivered_through"] >= last:
+            return
         await trio.sleep(0.05)
 
 
