@@ -50,14 +50,15 @@ class Tool:
         return f"deleted {path}"
 
 
-def model(*calls: ToolCallSpec) -> FunctionLlm:
-    """Calls ``calls`` on a turn's first round; then answers with what its tools said."""
+def model(*calls: ToolCallSpec, said: str = "") -> FunctionLlm:
+    """Calls ``calls`` on a turn's first round (after the text ``said``); then answers with
+    what its tools said."""
 
     def reply(messages: list[WorkingItem], tools: list[ToolSpec]) -> Any:
         results = [m.content for m in messages if isinstance(m, ToolItem)]
         if isinstance(messages[-1], ToolItem):
             return "tools said: " + " | ".join(results)
-        return list(calls)
+        return [said, *calls] if said else list(calls)
 
     return FunctionLlm(reply)
 
@@ -193,9 +194,10 @@ async def test_two_answers_at_once_store_one_and_run_the_tool_once(db_path: str)
 async def test_a_restart_leaves_the_turn_waiting_and_an_answer_then_completes_it(
         db_path: str) -> None:
     tool = Tool()
-    async with open_runtime(cfg(db_path), llm=model(DELETE), tools=tool.tools) as agent:
+    llm = model(DELETE, said="Deleting it. ")
+    async with open_runtime(cfg(db_path), llm=llm, tools=tool.tools) as agent:
         conv, _ = await paused(agent)
-    async with open_runtime(cfg(db_path), llm=model(DELETE), tools=tool.tools) as agent:
+    async with open_runtime(cfg(db_path), llm=llm, tools=tool.tools) as agent:
         later = await agent.outbox.current_cursor()
         again = await agent.get_conversation(conv.id)
         assert again is not None
@@ -203,7 +205,8 @@ async def test_a_restart_leaves_the_turn_waiting_and_an_answer_then_completes_it
         rest = await until(agent, conv.id, later, is_type("touched"))
         assert [e.type for e in rest] == ["approval_given", "tool_result", "assistant_message",
                                           "touched"]  # no "interrupted by restart" error
-        assert answer_text(rest) == "tools said: deleted a.txt"
+        # the answer keeps what the user saw before the restart too, as an unbroken turn's does
+        assert answer_text(rest) == "Deleting it. tools said: deleted a.txt"
         assert tool.runs == ["a.txt"]
 
 

@@ -5,7 +5,7 @@ call by its id). ``turn.py`` asks these; the waiting itself is ``pausing.py``'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -16,11 +16,15 @@ from agentik.llm.base import ToolSpec
 from agentik.wire import (
     ApprovalAnswer,
     ApprovalRequest,
+    AssistantItem,
     InputAnswer,
     InputRequest,
     Pause,
+    Text,
     ToolCallSpec,
     ToolResult,
+    UserItem,
+    WorkingItem,
     encode,
 )
 
@@ -133,3 +137,11 @@ def paused_result(turn_id: str, call: ToolCallSpec,
     content, is_error = outcome
     return ToolResult(call_id=call.call_id, name=call.name, content=content, is_error=is_error,
                       turn_id=turn_id)
+
+
+def round_texts(memory: Sequence[WorkingItem]) -> list[str]:
+    """The text of a waiting turn's rounds so far (what the user saw: its answer keeps it), from
+    working memory: the assistant items after the last user item, the turn's own."""
+    start = max((i for i, item in enumerate(memory) if isinstance(item, UserItem)), default=-1)
+    return [text for item in memory[start + 1:] if isinstance(item, AssistantItem)
+            and (text := "".join(c.body for c in item.content if isinstance(c, Text)))]

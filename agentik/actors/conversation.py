@@ -238,7 +238,8 @@ class ConversationActor(TurnEndings, ToolPhase, BranchTurns):
             await self.close_llm()
         content: Sequence[Content] | None = turn.content
         if turn.resume is not None:  # it waited for a person: on from its calls
-            logic.resumed(state, turn.resume.rounds, turn.resume.pending)
+            texts = asking.round_texts([item for _, item in await self.memory.items()])
+            logic.resumed(state, turn.resume.rounds, turn.resume.pending, texts)
             await self.run_tools(state, turn.resume.pending)
             content = None
         else:

@@ -239,10 +239,10 @@ def after_round(state: TurnState, max_tool_rounds: int, policy: asking.PausePoli
     return RunTools(op, calls, renamed)
 
 
-def resumed(state: TurnState, rounds: int, pending: list[ToolCallSpec]) -> None:
+def resumed(state: TurnState, rounds: int, pending: list[ToolCallSpec], texts: list[str]) -> None:
     """A turn that waited for a person goes on in a new actor (a restart, another node): its
-    ``rounds`` so far, the calls of its last round still without a result, which run now."""
-    state.rounds = rounds
+    ``rounds`` and their ``texts`` so far, its last round's calls without a result (run now)."""
+    state.rounds, state.texts = rounds, list(texts)
     state.round_recorded = True
     state.pending_calls = list(pending)
 
