@@ -1,5 +1,6 @@
 """Issue 30 on a PostgreSQL cluster of two real nodes (``hypercorn -k trio agentik.web:app``): the
-node holding a turn that waits for an approval is SIGKILLed; the sweep that ends a lost node's
+answers sent to the node that does not hold a waiting turn are forwarded to the one that does;
+the node holding it is SIGKILLed; the sweep that ends a lost node's
 running turns leaves the waiting one waiting, an approval sent to the other node completes it
 (same call id), and the real MCP tool ran exactly once (counted in a file)."""
 
@@ -11,10 +12,11 @@ from contextlib import aclosing
 from pathlib import Path
 
 import httpx2
+import pytest
 import trio
 
 from agentik.client.http import AgentikAgent
-from agentik.errors import RuntimeClosedError, StorageError
+from agentik.errors import ConflictError, NotFoundError, RuntimeClosedError, StorageError
 from agentik.wire import CommonEvent, Error, ToolResult
 from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls
 from tests.test_pg_nodes import TAKEOVER_LIMIT, cluster
@@ -57,6 +59,11 @@ async def test_a_waiting_turn_is_taken_over_and_answered_on_the_other_node(
                     async for ev in stream:
                         if ev.type == "approval_requested":
                             break
+            # while a lives, an answer sent to b is forwarded to a, its errors too
+            with pytest.raises(ConflictError):
+                await cb.answer(conv.id, "t1", "not a question")
+            with pytest.raises(NotFoundError):
+                await cb.approve(conv.id, "nope")
             await a.kill()
             # b answers once it owns the conversation (its sweeper takes it over, or the
             # answer's own cold load does once a's lease has run out); until then: 503
