@@ -5,6 +5,7 @@ requests the scripted model got."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -34,7 +35,9 @@ async def turn(agent: LocalAgent, conv: LocalConversation, send: Any) -> str:
     """Run ``send()`` (a send, an edit, a regenerate) and wait for its turn's Touched; its id."""
     cursor = await agent.outbox.current_cursor()
     turn_id = await send()
-    await take_until(agent.outbox.conversation_events(cursor, conv.id), is_type("touched"))
+    # bounded, generously: the machine may be loaded (a turn here takes milliseconds)
+    await take_until(agent.outbox.conversation_events(cursor, conv.id), is_type("touched"),
+                     seconds=30)
     return str(turn_id)
 
 
@@ -98,7 +101,7 @@ async def test_regenerate_three_times_makes_four_versions(
         # branch_changed events are durable, under the cursor: a stream resumed from before
         # the first regenerate replays them
         events = await take_until(agent.outbox.conversation_events(cursor, conv.id),
-                                  nth("branch_changed", 3))
+                                  nth("branch_changed", 3), seconds=30)
         changed = [e for e in events if e.type == "branch_changed"]
         assert all(isinstance(e.cursor, Cursor) for e in changed)
         point = changed[0].event.record.message  # type: ignore[union-attr]
@@ -206,7 +209,8 @@ async def test_busy_policy_idempotency_and_bad_requests(
             await conv.switch_branch(user.id, on_busy="reject")
         cursor = await agent.outbox.current_cursor()
         regenerated = await conv.regenerate(first, on_busy="interrupt")
-        await take_until(agent.outbox.conversation_events(cursor, conv.id), nth("touched", 2))
+        await take_until(agent.outbox.conversation_events(cursor, conv.id), nth("touched", 2),
+                         seconds=30)
         listing = await conv.get_messages()
         assert [text_of(r) for r in listing] == ["u1 b", "re u1 b"]
         assert listing[1].message.turn_id == regenerated  # type: ignore[union-attr]
@@ -274,3 +278,43 @@ def test_the_tree_follows_turns_not_seq_order() -> None:
     new_user = copied[0][0]
     assert new_user != "u1" and all(getattr(m, "turn_id", new_user) == new_user
                                     for _, m in copied)
+
+
+async def test_compaction_works_on_the_branch(config: Config, scripted: ScriptedOpenAI) -> None:
+    """An edit deep in a conversation that outgrew the window: its turn's memory is its branch
+    (the edited message's old version and what followed it are not in it), compacted as usual
+    to fit; a switch back compacts the other branch when it is next used."""
+    from agentik.actors.compaction import SUMMARY_PROMPT
+    from tests.test_context_openai import sentence
+
+    def is_summary(body: dict[str, Any]) -> bool:
+        return bool(body["messages"][0]["content"] == SUMMARY_PROMPT)
+
+    scripted.callable_default = lambda body: (
+        Echo(prefix="summary: ") if is_summary(body) else Echo(prefix="You asked: "))
+    window = 600
+    async with open_runtime(config.replace(context_window=window)) as agent:
+        conv = await agent.create_conversation()
+        ids = [await turn(agent, conv, lambda i=i: conv.send(sentence(i))) for i in range(8)]
+        assert any(is_summary(b) for b in scripted.requests), "no compaction happened"
+        before = len(scripted.requests)
+        await turn(agent, conv, lambda: conv.edit(ids[6], "edited six"))
+        after = scripted.requests[before:]
+        text = json.dumps(after)
+        assert "(question 6)" not in text and "(question 7)" not in text  # not on this branch
+        assert "(question 5)" in text  # the branch before the edit: summarised or kept
+        rounds = [b for b in after if not is_summary(b)]
+        assert rounds[-1]["messages"][-1]["content"] == "edited six"
+        for body in rounds:
+            assert estimate(body) + body["max_completion_tokens"] <= window
+        # back to the first version: the next turn's memory is that branch, fitted again
+        await conv.switch_branch(ids[6])
+        before = len(scripted.requests)
+        await turn(agent, conv, lambda: conv.send("and now?"))
+        text = json.dumps(scripted.requests[before:])
+        assert "edited six" not in text and "(question 7)" in text
+
+
+def estimate(body: dict[str, Any]) -> int:
+    from tests.test_context_openai import our_estimate
+    return our_estimate(body)

@@ -58,7 +58,8 @@ async def turn_of(agent: LocalAgent, stored: StoredTask) -> str | None:
         return None
     after = stored.first_seq
     for _ in range(MAX_PAGES):
-        page = await conversation.get_messages(after_seq=after, limit=PAGE)
+        # the journal, not the current branch (a task's message may be a version left since)
+        page = await agent.journal.list(conversation.id, after_seq=after, limit=PAGE)
         for record in page:
             message = record.message
             if (isinstance(message, UserMessage) and message.context is not None

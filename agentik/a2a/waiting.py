@@ -60,7 +60,7 @@ async def turn_records(agent: LocalAgent, cid: str, seq: int) -> list[MessageRec
     out: list[MessageRecord] = []
     after = seq - 1
     while True:
-        page = await conversation.get_messages(after_seq=after, limit=PAGE)
+        page = await agent.journal.list(conversation.id, after_seq=after, limit=PAGE)
         out.extend(page)
         if len(page) < PAGE:
             return out
