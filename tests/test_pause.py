@@ -8,6 +8,7 @@ it; answers are idempotent, a different one or one after the turn ended is 409, 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ import trio
 
 from agentik import Config, open_runtime
 from agentik.agent import LocalAgent, LocalConversation
-from agentik.errors import ConflictError, NotFoundError
+from agentik.errors import ConflictError, NotFoundError, StorageError
 from agentik.llm.base import ToolSpec
 from agentik.testing import FunctionLlm
 from agentik.tools.base import FunctionTools
@@ -31,6 +32,7 @@ from agentik.wire import (
     WorkingItem,
 )
 from tests.conftest import engine_url
+from tests.test_disk_full import Refusal
 from tests.test_runtime import is_type, take_until
 
 DELETE = ToolCallSpec(call_id="c1", name="delete_file", arguments='{"path": "a.txt"}')
@@ -277,3 +279,37 @@ async def test_the_deadline_of_a_passivated_waiting_turn_still_denies_it(db_path
         rest = await until(agent, conv.id, seen[-1].cursor, is_type("touched"))
         assert answer_text(rest) == "tools said: the call was denied: no answer came in time"
         assert tool.runs == []
+
+
+async def test_an_answer_the_store_refuses_leaves_the_pause_open(
+        pg_url: str, db_path: str, tmp_path: Path) -> None:
+    """Two same answers while the store refuses writes (a read-only PostgreSQL): each gets the
+    store's 503, none waits for ever on the other; once writes are accepted again the pause is
+    still open and an answer completes the turn."""
+    tool = Tool()
+    config = Config(db_path=db_path, database_url=pg_url, approval=("delete_*",))
+    async with open_runtime(config, llm=model(DELETE), tools=tool.tools) as agent:
+        conv, seen = await paused(agent)
+        refusal = Refusal("postgres", tmp_path, database_url=pg_url)
+        refusal.refuse()
+        outcomes: list[object] = []
+
+        async def answer() -> None:
+            try:
+                outcomes.append(await conv.approve("c1"))
+            except StorageError as exc:
+                outcomes.append(exc)
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as n:
+                n.start_soon(answer)
+                n.start_soon(answer)
+        assert len(outcomes) == 2 and all(isinstance(o, StorageError) for o in outcomes)
+        refusal.allow()
+        with trio.fail_after(20):
+            await agent.storage_health.wait_writable()
+        await conv.approve("c1")
+        rest = await until(agent, conv.id, seen[-1].cursor, is_type("touched"))
+        assert [e.type for e in rest] == ["approval_given", "tool_result", "assistant_message",
+                                          "touched"]
+        assert tool.runs == ["a.txt"]

@@ -145,16 +145,16 @@ class Pauses:
         resume = all(s.answer is not None for s in self.slots.values() if s.turn_id == slot.turn_id)
         op = ops.AnswerPause(conversation_id=self.conversation_id, message_id=new_id(),
                              answer=slot.answer, turn_id=slot.turn_id, resume=resume)
-        done, slot.settled = slot.settled, trio.Event()
+        done = slot.settled  # what the actor and the same answer's callers wait on
         try:
             with trio.CancelScope(shield=True):  # the actor waits on its outcome
                 slot.record = await self.storage.write(op)
         except BaseException:
-            slot.answer = None
+            slot.answer = None  # not stored: the pause is open again
             raise
         finally:
+            slot.settled = trio.Event()  # for the next attempt
             done.set()
-        slot.settled.set()
         return slot.record
 
     async def wait(self, slot: Slot, idle: float, park: Callable[[], bool]) -> PauseAnswer:
