@@ -30,6 +30,7 @@ from benchmarks import (
     traces,
     users,
     web,
+    webhooks,
 )
 
 Scenario = Callable[[bool], Awaitable[dict[str, Any]]]
@@ -53,6 +54,7 @@ SCENARIOS: dict[str, Scenario] = {
     "web_markdown": markdown.web_markdown,
     "users_replay": users.users_replay,
     "traces_turn_cost": traces.traces_turn_cost,
+    "webhook_slow_receiver": webhooks.webhook_slow_receiver,
 }
 #: not in the default run: in-process, so its figure is noisy (see docs/BENCHMARKS.md)
 EXTRA: dict[str, Scenario] = {"memory_actors": runtime.memory_actors}
