@@ -1,7 +1,8 @@
 """One conversation turn as the front doors that project turns read it (the A2A executor, whose
 task is a turn, and the OpenAI-compatible routes, whose completion or response is one): each
 durable event of the conversation is one step of a given turn, or nothing to it. Pure; written
-once so both projections end a turn alike.
+once so both projections end a turn alike (pure, but for :func:`turn_records`, a journal read
+through the Agent API).
 
 - :class:`ToolStep`: the agent called a tool (its ToolCall record);
 - :class:`AnswerStep`: the turn's answer, all the text the model wrote across its rounds;
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agentik.wire import (
     ApprovalAnswer,
@@ -45,6 +47,12 @@ from agentik.wire import (
     ToolCall,
     ToolCallEvent,
 )
+
+if TYPE_CHECKING:
+    from agentik.agent import LocalAgent
+
+#: journal records read at a time from a turn's first pause on
+PAGE = 500
 
 
 @dataclass(frozen=True)
@@ -157,3 +165,18 @@ def ending_in(records: Sequence[MessageRecord], turn_id: str | None
                 return AnswerStep(message, text)
             partial = PartialStep(text)
     return partial
+
+
+async def turn_records(agent: LocalAgent, cid: str, seq: int) -> list[MessageRecord]:
+    """The conversation's journal from ``seq`` on (a turn's first pause: what follows is its)."""
+    conversation = await agent.get_conversation(cid)
+    if conversation is None:
+        return []
+    out: list[MessageRecord] = []
+    after = seq - 1
+    while True:
+        page = await agent.journal.list(conversation.id, after_seq=after, limit=PAGE)
+        out.extend(page)
+        if len(page) < PAGE:
+            return out
+        after = page[-1].seq

@@ -23,7 +23,7 @@ from agentik.errors import InvalidInputError
 from agentik.wire_base import MAX_OFFSET as MAX_OFFSET
 from agentik.wire_base import Tagged, Wire, parse_offset
 from agentik.wire_branch import BranchPoint
-from agentik.wire_pause import ApprovalAnswer, ApprovalRequest, InputAnswer, InputRequest
+from agentik.wire_pause import ApprovalAnswer, ApprovalRequest, ClientTool, InputAnswer, InputRequest
 from agentik.wire_pause import Pause as Pause
 from agentik.wire_pause import PauseAnswer as PauseAnswer
 
@@ -54,6 +54,8 @@ class MessageOrigin(Wire, frozen=True, kw_only=True):
 class MessageContext(Wire, frozen=True, kw_only=True):
     origin: MessageOrigin | None = None
     metadata: dict[str, str] = {}
+    #: the sender's own tools for this turn (docs/PROTOCOL.md, "A person in the loop")
+    tools: list[ClientTool] | None = None
 
 
 class TurnTokens(Wire, frozen=True, kw_only=True):

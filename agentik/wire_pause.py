@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentik.wire_base import Tagged
+from agentik.wire_base import Tagged, Wire
 
 
 class ApprovalRequest(Tagged, frozen=True, kw_only=True):
@@ -36,8 +36,20 @@ class ApprovalAnswer(Tagged, frozen=True, kw_only=True):
     turn_id: str | None = None
 
 
+class ClientTool(Wire, frozen=True, kw_only=True):
+    """A tool the sender runs itself (OpenAI's client-side tools), offered to the model for the
+    turn of the message whose context names it: a call of it pauses the turn (an
+    ``InputRequest`` with ``tool`` set) until its result is answered."""
+
+    name: str
+    description: str = ""
+    #: the JSON schema of its arguments
+    parameters: dict[str, Any] = {}
+
+
 class InputRequest(Tagged, frozen=True, kw_only=True):
-    """A question to the person (the built-in ``ask_user`` tool, an MCP elicitation)."""
+    """A question to the person (the built-in ``ask_user`` tool, an MCP elicitation), or the
+    result of a call of a client-side tool (``tool``)."""
 
     call_id: str
     question: str
@@ -47,6 +59,8 @@ class InputRequest(Tagged, frozen=True, kw_only=True):
     schema: Any = None
     deadline: float | None = None
     turn_id: str | None = None
+    #: a client-side tool's name (``ClientTool``): the answer is that call's result
+    tool: str | None = None
 
 
 class InputAnswer(Tagged, frozen=True, kw_only=True):

@@ -269,13 +269,23 @@ def assert_openai_error(response: httpx2.Response, status: int, code: str | None
      400, "invalid_input", None),
     ({"model": "default", "n": 2, "messages": [{"role": "user", "content": "x"}]}, 400,
      "unsupported_parameter", "n"),
+    ({"model": "default", "tools": [{"type": "retrieval"}],
+      "messages": [{"role": "user", "content": "x"}]}, 400, "invalid_input", None),
+    ({"model": "default", "tools": [{"type": "function", "function": {"name": "a b"}}],
+      "messages": [{"role": "user", "content": "x"}]}, 400, "invalid_input", None),
     ({"model": "default", "tools": [{"type": "function", "function": {"name": "f"}}],
-      "messages": [{"role": "user", "content": "x"}]}, 400, "unsupported_parameter", "tools"),
+      "tool_choice": "required", "messages": [{"role": "user", "content": "x"}]}, 400,
+     "unsupported_parameter", "tool_choice"),
+    ({"model": "default", "functions": [{"name": "f"}],
+      "messages": [{"role": "user", "content": "x"}]}, 400, "unsupported_parameter", "functions"),
     ({"model": "default", "logprobs": True, "messages": [{"role": "user", "content": "x"}]},
      400, "unsupported_parameter", "logprobs"),
     ({"model": "default", "messages": [{"role": "user", "content": "x"},
                                        {"role": "tool", "content": "r", "tool_call_id": "c"}]},
-     400, "unsupported_parameter", "messages"),
+     400, "invalid_input", None),  # results naming no conversation
+    ({"model": "default", "messages": [{"role": "user", "content": "x"},
+                                       {"role": "tool", "content": "r"}]},
+     400, "invalid_input", None),
     (b"{not json", 400, "invalid_input", None),
     (b"", 400, "invalid_input", None),
 ])
@@ -297,8 +307,8 @@ async def test_sdk_raises_the_right_errors(server: Server) -> None:
         with pytest.raises(openai.BadRequestError) as tools:
             await client.chat.completions.create(
                 model="default", messages=[user("x")],
-                tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
-        assert "not supported yet" in tools.value.message
+                tools=[{"type": "function", "function": {"name": "f g", "parameters": {}}}])
+        assert "tools[0].function.name" in tools.value.message
         with pytest.raises(openai.NotFoundError):
             await client.chat.completions.create(model="nope", messages=[user("x")])
 

@@ -23,20 +23,23 @@ from agentik.a2a.executor import CALLER, RequestContext, TaskUpdater
 from agentik.a2a.pauses import Waiting, answer_of, ask_metadata, ask_parts
 from agentik.a2a.types import Part
 from agentik.errors import ConflictError, NotFoundError
-from agentik.turns import AnswerStep, ErrorStep, PartialStep, ending_in, open_pauses
+from agentik.turns import (
+    AnswerStep,
+    ErrorStep,
+    PartialStep,
+    ending_in,
+    open_pauses,
+    turn_records,
+)
 from agentik.wire import (
     ApprovalAnswer,
     Cursor,
-    MessageRecord,
     PauseAnswer,
 )
 
 if TYPE_CHECKING:
     from agentik.a2a.runtime import _Online, _Turn
     from agentik.agent import LocalAgent
-
-#: journal records read at a time from a turn's first pause on
-PAGE = 500
 
 
 class _Executor(Protocol):
@@ -50,21 +53,6 @@ class _Executor(Protocol):
                              online: _Online) -> None: ...
 
     async def _final_text(self, turn: _Turn, updater: TaskUpdater, answer: str) -> None: ...
-
-
-async def turn_records(agent: LocalAgent, cid: str, seq: int) -> list[MessageRecord]:
-    """The conversation's journal from ``seq`` on (a turn's first pause: what follows is its)."""
-    conversation = await agent.get_conversation(cid)
-    if conversation is None:
-        return []
-    out: list[MessageRecord] = []
-    after = seq - 1
-    while True:
-        page = await agent.journal.list(conversation.id, after_seq=after, limit=PAGE)
-        out.extend(page)
-        if len(page) < PAGE:
-            return out
-        after = page[-1].seq
 
 
 class Asking:

@@ -5,7 +5,7 @@ call by its id). ``turn.py`` asks these; the waiting itself is ``pausing.py``'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -19,6 +19,7 @@ from agentik.wire import (
     AssistantItem,
     InputAnswer,
     InputRequest,
+    MessageContext,
     Pause,
     Text,
     ToolCallSpec,
@@ -38,6 +39,8 @@ class PausePolicy:
     needs_approval: Callable[[str], bool]
     ask_user: bool = False
     deadline: float | None = None
+    #: the turn's client-side tools (``MessageContext.tools``): their calls wait for a result
+    client_tools: frozenset[str] = frozenset()
 
 
 #: the built-in tool that asks the person a question (``ask_user = true``)
@@ -55,6 +58,15 @@ ASK_USER_SPEC = ToolSpec(
 #: a denied call's result when the deadline passed; the start of one a person refused
 NO_ANSWER = "no answer came in time"
 REFUSED = "the user refused this call"
+
+
+def client_specs(context: MessageContext | None, own: Collection[str]) -> tuple[ToolSpec, ...]:
+    """The turn's client-side tools as the model sees them; one named like a tool of the agent's
+    own (or ``ask_user``) is left out: the agent's runs (the front doors refuse such a name)."""
+    if context is None or not context.tools:
+        return ()
+    return tuple(ToolSpec(name=t.name, description=t.description, parameters=t.parameters)
+                 for t in context.tools if t.name not in own and t.name != ASK_USER)
 
 
 def unique_calls(calls: list[ToolCallSpec], seen: set[str]) -> tuple[list[ToolCallSpec], bool]:
@@ -79,7 +91,12 @@ def pauses_for(turn_id: str, calls: list[ToolCallSpec], policy: PausePolicy
     out: list[tuple[str, Pause]] = []
     for call in calls:
         pause: Pause | None = None
-        if call.name == ASK_USER and policy.ask_user:
+        if call.name in policy.client_tools:
+            pause = InputRequest(call_id=call.call_id, tool=call.name, deadline=policy.deadline,
+                                 question=f"the result of the client-side tool {call.name} "
+                                          f"called with {call.arguments or '{}'}",
+                                 turn_id=turn_id)
+        elif call.name == ASK_USER and policy.ask_user:
             asked = question_of(call.arguments)
             if asked is not None:
                 pause = InputRequest(call_id=call.call_id, question=asked[0], choices=asked[1],

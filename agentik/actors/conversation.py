@@ -232,6 +232,9 @@ class ConversationActor(TurnEndings, ToolPhase, BranchTurns):
         tools = tuple(self.agent.tools.specs())
         if self.agent.profile.ask_user:
             tools += (asking.ASK_USER_SPEC,)
+        client = asking.client_specs(turn.context, {t.name for t in tools})
+        self.client_tools = frozenset(t.name for t in client)  # their calls wait for results
+        tools += client
         if self.llm_conv is not None and tools != self.llm_tools:
             # MCP servers connect and change their tool lists in the background, and a session
             # is opened with a fixed tool list, so a changed list means a new session.

@@ -120,9 +120,11 @@ class Pauses:
         self.slots.clear()
 
     def question(self) -> Slot | None:
-        """A question still waiting for its answer (the next message sent answers it)."""
+        """A question still waiting for its answer (the next message sent answers it; not a
+        client-side tool's call, whose result is no message)."""
         for slot in self.slots.values():
-            if isinstance(slot.request, InputRequest) and slot.answer is None:
+            request = slot.request
+            if isinstance(request, InputRequest) and request.tool is None and slot.answer is None:
                 return slot
         return None
 

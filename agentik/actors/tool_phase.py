@@ -40,13 +40,15 @@ class ToolPhase:
     call_ids: set[str] | None = None
     #: the running turn waits for a person: a shutdown leaves it waiting, not ended
     paused: bool = False
+    #: the running turn's client-side tools (``MessageContext.tools``): a call waits for its result
+    client_tools: frozenset[str] = frozenset()
 
     def pause_policy(self) -> asking.PausePolicy:
         """Which of this round's calls wait for a person, and until when."""
         profile = self.agent.profile
         timeout = profile.approval_timeout
         return asking.PausePolicy(needs_approval=profile.needs_approval,
-                                  ask_user=profile.ask_user,
+                                  ask_user=profile.ask_user, client_tools=self.client_tools,
                                   deadline=time.time() + timeout if timeout else None)
 
     async def seen_call_ids(self) -> set[str]:

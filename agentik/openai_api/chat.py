@@ -11,6 +11,10 @@ messages mean for a conversation, and whether the history a caller sends is the 
   message (:func:`seed_content`); the entries are kept in the user message's context metadata
   (``openai_seed``), so :func:`transcript` gives the caller's own history back and the next
   request of the same exchange matches it.
+- Client-side tools (``tools``, :func:`client_tools`): the caller's own, offered to the model for
+  the turn; a request whose last messages are ``tool`` results (:class:`ToolAnswer`) answers
+  the calls its turn waits on instead of starting one. Tool calls and results in a history are
+  not compared with the stored one (the stored transcript has the turns' answers only).
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agentik.errors import InvalidInputError, UnsupportedParameterError
 from agentik.openai_api.types import ChatMessage, ChatRequest
 from agentik.wire import (
     AssistantMessage,
+    ClientTool,
     Content,
     Image,
     MessageContext,
@@ -37,6 +44,18 @@ from agentik.wire import (
 #: context metadata key holding a seeded turn's history (JSON list of [role, text, images])
 SEED_KEY = "openai_seed"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+#: history roles of a client-side tool's exchange, left out of the history check
+TOOL_ROLES = frozenset({"tool", "tool_calls"})
+#: a function name as OpenAI allows it
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    """A ``tool`` message ending a request: the result of the client-side call it names."""
+
+    tool_call_id: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -54,15 +73,13 @@ def check_supported(req: ChatRequest) -> None:
     are the agent's own and are ignored (docs/OPENAI.md)."""
     if req.n is not None and req.n != 1:
         raise UnsupportedParameterError("n", "n must be 1: an agent gives one answer per turn")
-    if req.tools or req.functions:
-        param = "tools" if req.tools else "functions"
+    if req.functions or req.function_call is not None:
         raise UnsupportedParameterError(
-            param, "client-side tools are not supported yet: the agent runs its own tools "
-                   "server-side; send the request without `tools`")
-    for name, value in (("tool_choice", req.tool_choice), ("function_call", req.function_call)):
-        if value not in (None, "none", "auto"):
-            raise UnsupportedParameterError(name, f"{name} needs client-side tools, which are "
-                                                  "not supported yet")
+            "functions", "the legacy functions / function_call are not supported: declare "
+                         "client-side tools in `tools`")
+    if req.tool_choice not in (None, "none", "auto"):
+        raise UnsupportedParameterError("tool_choice", "tool_choice may be auto or none: the "
+                                                       "agent's model chooses its tools")
     if req.logprobs or req.top_logprobs:
         raise UnsupportedParameterError("logprobs", "logprobs are not available from an agent")
     if req.response_format is not None and req.response_format.get("type", "text") != "text":
@@ -79,6 +96,46 @@ def check_supported(req: ChatRequest) -> None:
         raise UnsupportedParameterError("logit_bias", "logit_bias is not supported")
     if req.prediction is not None:
         raise UnsupportedParameterError("prediction", "predicted outputs are not supported")
+
+
+def client_tools(req: ChatRequest, own: Collection[str]) -> list[ClientTool] | None:
+    """The request's ``tools`` (the caller's own; None without them, or with tool_choice none).
+    Raises InvalidInputError naming a malformed one, or one named like a tool of the agent's
+    own (``own``), which would be ambiguous."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    out: list[ClientTool] = []
+    for i, tool in enumerate(req.tools):
+        where = f"tools[{i}]"
+        fn: Any = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise InvalidInputError(f'{where}: a tool must be {{"type": "function", "function": '
+                                    '{"name", "description", "parameters"}}')
+        name, description = fn.get("name"), fn.get("description") or ""
+        parameters = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+            raise InvalidInputError(f"{where}.function.name must be 1 to 64 letters, digits, _ "
+                                    "or -")
+        if not isinstance(description, str) or not isinstance(parameters, dict):
+            raise InvalidInputError(f"{where}.function: description must be a string and "
+                                    "parameters a JSON schema object")
+        if name in own:
+            raise InvalidInputError(f"{where}: the agent has a tool of its own named {name!r}")
+        if any(t.name == name for t in out):
+            raise InvalidInputError(f"{where}: two tools are named {name!r}")
+        out.append(ClientTool(name=name, description=description, parameters=parameters))
+    return out
+
+
+def _tool_calls_text(calls: list[Any], where: str) -> str:
+    """An assistant message's calls of client-side tools, as history text."""
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidInputError(f"{where}.tool_calls[{j}]: a call needs function.name")
+        out.append(f"[called {fn['name']} with {fn.get('arguments') or '{}'}]")
+    return " ".join(out)
 
 
 def _image(url: str, where: str) -> Image:
@@ -117,31 +174,41 @@ def entry_of(role: str, content: Sequence[Content]) -> Entry:
     return Entry(role=role, text=text, images=sum(isinstance(c, Image) for c in content))
 
 
-def split_messages(req: ChatRequest) -> tuple[list[Entry], list[Content]]:
-    """The caller's history and the new turn's content. Raises InvalidInputError."""
+def split_messages(req: ChatRequest) -> tuple[list[Entry], list[Content], list[ToolAnswer]]:
+    """The caller's history, and either the new turn's content or the ``tool`` results that end
+    the request (the answers of the calls its turn waits on). Raises InvalidInputError."""
     if not req.messages:
         raise InvalidInputError("messages must hold at least one message")
+    answers: list[ToolAnswer] = []
+    last = len(req.messages)
+    while last and req.messages[last - 1].role == "tool":
+        last -= 1
+    for i, message in enumerate(req.messages[last:], start=last):
+        if not message.tool_call_id:
+            raise InvalidInputError(f"messages[{i}]: a tool message needs its tool_call_id")
+        answers.append(ToolAnswer(message.tool_call_id,
+                                  entry_of("tool", content_of(message, f"messages[{i}]")).text))
     history: list[Entry] = []
-    for i, message in enumerate(req.messages):
+    for i, message in enumerate(req.messages[:last]):
         where = f"messages[{i}]"
-        if message.role in ("tool", "function") or message.tool_calls:
-            raise UnsupportedParameterError(
-                "messages", f"{where}: tool messages belong to client-side tools, which are "
-                            "not supported yet")
-        role = ROLES.get(message.role)
+        role = ROLES.get(message.role) or ("tool" if message.role == "tool" else None)
         if role is None:
-            raise InvalidInputError(f"{where}: role must be system, developer, user or "
-                                    f"assistant, got {message.role!r}")
+            raise InvalidInputError(f"{where}: role must be system, developer, user, assistant "
+                                    f"or tool, got {message.role!r}")
         content = content_of(message, where)
         if i == len(req.messages) - 1:
             if role != "user":
                 raise InvalidInputError(f"{where}: the last message must be the user's new "
-                                        f"message, got role {message.role!r}")
+                                        f"message (or tool results), got role {message.role!r}")
             if not content:
                 raise InvalidInputError(f"{where}: the new message is empty")
-            return history, content
-        history.append(entry_of(role, content))
-    raise AssertionError("unreachable")
+            return history, content, []
+        entry = entry_of(role, content)
+        if message.tool_calls:
+            calls = _tool_calls_text(message.tool_calls, where)
+            entry = Entry(role="tool_calls", text=f"{entry.text} {calls}".strip())
+        history.append(entry)
+    return history, [], answers
 
 
 def seed_content(
@@ -217,10 +284,10 @@ def history_matches(sent: Sequence[Entry], stored: Sequence[Entry], *, whole: bo
     always sends the whole exchange, as Open WebUI does, so a regenerated first answer is told
     from a new message). System and developer messages are not compared: a conversation keeps
     the instructions it started with."""
-    given = [e for e in sent if e.role != "system"]
+    given = [e for e in sent if e.role != "system" and e.role not in TOOL_ROLES]
     if not given and not whole:
         return True
-    return given == [e for e in stored if e.role != "system"]
+    return given == [e for e in stored if e.role != "system" and e.role not in TOOL_ROLES]
 
 
 def branch_of(sent: Sequence[Entry], new: Sequence[Content], records: Sequence[MessageRecord]
@@ -230,7 +297,7 @@ def branch_of(sent: Sequence[Entry], new: Sequence[Content], records: Sequence[M
     entries first), the new message is an edit of that turn's user message, or, the same text
     again, a regenerate of its answer: ("edit" | "regenerate", that user message's id). None:
     the history differs elsewhere (a 409). System messages are not compared."""
-    given = [e for e in sent if e.role != "system"]
+    given = [e for e in sent if e.role != "system" and e.role not in TOOL_ROLES]
     stored: list[Entry] = []
     for message, message_id, answer in turns_of(records):
         seeded = seeded_of(message)

@@ -10,7 +10,10 @@ first token cannot be missed), sends the message, reports the turn's id through
 - :class:`ToolUse` for each tool call the agent makes (durable);
 - exactly one ending: :class:`Finished` (the stored answer, with the text the deltas did not
   carry as ``rest``, so the deltas and ``rest`` always add up to the answer), :class:`Failed`
-  (the turn's stored Error, or the conversation closed) or :class:`Cancelled` (interrupted).
+  (the turn's stored Error, or the conversation closed), :class:`Cancelled` (interrupted), or
+  :class:`ClientCalls`: the turn waits for the results of the caller's own tools (each of its
+  client-side tool calls still without a result, read from the journal), which a later request
+  answers; :func:`follow_turn` then follows the turn on from there.
 
 A send the agent refuses (busy, full mailbox, bad content, unknown conversation) raises before
 ``started``, so the caller answers the request with that error.
@@ -30,7 +33,10 @@ from agentik.turns import (
     ErrorStep,
     InterruptedStep,
     PartialStep,
+    PauseStep,
     ToolStep,
+    open_pauses,
+    turn_records,
     turn_step,
 )
 from agentik.wire import (
@@ -38,7 +44,9 @@ from agentik.wire import (
     Content,
     Cursor,
     End,
+    InputRequest,
     MessageContext,
+    ToolCall,
     TurnTokens,
     Working,
 )
@@ -80,7 +88,14 @@ class Cancelled:
     partial: str
 
 
-TurnEvent = TextDelta | ToolUse | Finished | Failed | Cancelled
+@dataclass(frozen=True)
+class ClientCalls:
+    calls: list[ToolUse]
+
+
+TurnEvent = TextDelta | ToolUse | Finished | Failed | Cancelled | ClientCalls
+#: the events that end a followed turn (for now: ClientCalls, until its results are answered)
+ENDINGS = (Finished, Failed, Cancelled, ClientCalls)
 
 
 class _Online:
@@ -93,6 +108,8 @@ class _Online:
         self.scope = trio.CancelScope()
         self.done = trio.Event()
         self.woken = trio.Event()
+        #: the text now arriving is this turn's (between its Working and its End)
+        self.mine = False
 
     def wake(self) -> None:
         self.woken.set()
@@ -105,17 +122,16 @@ class _Online:
     async def forward(self, sub: OnlineSubscription, out: trio.MemorySendChannel[TurnEvent]) -> None:
         """Online events carry no turn id except Working/End: the text between this turn's
         Working and End is its own (a conversation runs one turn at a time)."""
-        mine = False
         try:
             with self.scope:
                 while True:
                     while sub.events:
                         event = sub.events.popleft().event
                         if isinstance(event, Working):
-                            mine = event.turn_id == self.turn_id
+                            self.mine = event.turn_id == self.turn_id
                         elif isinstance(event, End):
-                            mine = False
-                        elif mine and isinstance(event, AppendText) and event.text:
+                            self.mine = False
+                        elif self.mine and isinstance(event, AppendText) and event.text:
                             await out.send(TextDelta(event.text))
                             self.sent.append(event.text)
                     if sub.ended:
@@ -134,11 +150,14 @@ async def run_turn(
     out: trio.MemorySendChannel[TurnEvent],
     *,
     branch: tuple[str, str] | None = None,
+    ended: list[TurnEvent] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """See the module docstring. Closes ``out`` when done; an error after the send (storage
     failed, the stream lost its place) is reported as a :class:`Failed`. ``branch``: an edit
-    or a regenerate of that user message rather than a send (``OpenAiService.start_turn``)."""
+    or a regenerate of that user message rather than a send (``OpenAiService.start_turn``).
+    The ending is put on ``ended`` as it is sent (it is known there even when the follower is
+    cancelled then)."""
     async with out:
         cursor = await agent.outbox.current_cursor()
         online = _Online()
@@ -152,46 +171,102 @@ async def run_turn(
                 turn_id = await agent.regenerate(conversation_id, branch[1])
             online.turn_id = turn_id
             task_status.started(turn_id)
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(online.forward, sub, out)
-                    await _durable(agent, conversation_id, cursor, online, out)
-                    nursery.cancel_scope.cancel()
-            except* AgentikError as group:
-                first = group.exceptions[0]
-                await out.send(Failed(message=str(first), code=getattr(first, "code", "internal")))
+            await _follow(agent, conversation_id, cursor, online, sub, out, ended)
         finally:
             sub.close()
 
 
+async def follow_turn(
+    agent: LocalAgent, conversation_id: str, turn_id: str, cursor: Cursor,
+    out: trio.MemorySendChannel[TurnEvent],
+    *, ended: list[TurnEvent] | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """As :func:`run_turn` for a turn already running (its client-side calls were just
+    answered): followed from ``cursor`` (taken before the answers) to its ending."""
+    async with out:
+        online = _Online()
+        online.turn_id = turn_id
+        sub = agent.online_outbox.subscribe(conversation_id, online.wake)
+        online.mine = True  # it runs already: its text until its End is its own
+        try:
+            task_status.started(turn_id)
+            await _follow(agent, conversation_id, cursor, online, sub, out, ended)
+        finally:
+            sub.close()
+
+
+async def _follow(agent: LocalAgent, cid: str, cursor: Cursor, online: _Online,
+                  sub: OnlineSubscription, out: trio.MemorySendChannel[TurnEvent],
+                  ended: list[TurnEvent] | None) -> None:
+    ended = [] if ended is None else ended
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(online.forward, sub, out)
+            await _durable(agent, cid, cursor, online, out, ended)
+            nursery.cancel_scope.cancel()
+    except* AgentikError as group:
+        first = group.exceptions[0]
+        ended.append(Failed(message=str(first), code=getattr(first, "code", "internal")))
+        await out.send(ended[-1])
+
+
+async def client_calls(agent: LocalAgent, cid: str, turn_id: str | None, seq: int,
+                       calls: dict[str, ToolCall]) -> ClientCalls | None:
+    """The turn's client-side calls still without a result (its journal from ``seq``, its
+    first pause seen), None when there are none; ``calls``: the turn's calls seen so far."""
+    records = await turn_records(agent, cid, seq)
+    waiting = [p for p in open_pauses(records, turn_id)
+               if isinstance(p, InputRequest) and p.tool is not None]
+    if not waiting:
+        return None
+    for record in records:  # (calls of a round are stored before its pauses: seen already)
+        if isinstance(record.message, ToolCall):
+            calls.setdefault(record.message.call_id, record.message)
+    uses = [ToolUse(c.call_id, c.name, c.arguments) for p in waiting
+            if (c := calls.get(p.call_id)) is not None]
+    return ClientCalls(uses)
+
+
 async def _durable(
     agent: LocalAgent, cid: str, cursor: Cursor, online: _Online,
-    out: trio.MemorySendChannel[TurnEvent],
+    out: trio.MemorySendChannel[TurnEvent], ended: list[TurnEvent],
 ) -> None:
-    """Follow the stored events to the turn's ending."""
+    """Follow the stored events to the turn's ending (or its wait for client-side results)."""
     turn_id = online.turn_id
     partial = ""
+    calls: dict[str, ToolCall] = {}
+    ending: TurnEvent
     async for ce in agent.outbox.conversation_events(cursor, cid):
         match turn_step(ce.event, turn_id):
             case ToolStep(call=call):
+                calls[call.call_id] = call
                 await out.send(ToolUse(call.call_id, call.name, call.arguments))
+                continue
+            case PauseStep(request=InputRequest(tool=str()), seq=seq):
+                waiting = await client_calls(agent, cid, turn_id, seq, calls)
+                if waiting is None:
+                    continue
+                await online.stop()
+                ending = waiting
             case PartialStep(text=text):
                 partial = text  # its Interrupted or Error follows in the same commit
+                continue
             case AnswerStep(answer=answer, text=text):
                 sent = await online.stop()
                 rest = text[len(sent):] if text.startswith(sent) else ""
-                await out.send(Finished(text, rest, answer.finish_reason, answer.tokens))
-                return
+                ending = Finished(text, rest, answer.finish_reason, answer.tokens)
             case InterruptedStep():
                 await online.stop()
-                await out.send(Cancelled(partial))
-                return
+                ending = Cancelled(partial)
             case ErrorStep(error=error):
                 await online.stop()
-                await out.send(Failed(error.message, error.code, partial))
-                return
+                ending = Failed(error.message, error.code, partial)
             case ClosedStep(reason=reason):
                 await online.stop()
-                await out.send(Failed(f"the conversation was closed ({reason})", "closed",
-                                      partial))
-                return
+                ending = Failed(f"the conversation was closed ({reason})", "closed", partial)
+            case _:
+                continue
+        ended.append(ending)
+        await out.send(ending)
+        return

@@ -59,8 +59,9 @@ async def _request() -> ResponsesRequest:
 
 def check_request(req: ResponsesRequest) -> None:
     if req.tools:
-        raise UnsupportedParameterError("tools", "client-side tools are not supported yet: the "
-                                                 "agent runs its own tools server-side")
+        raise UnsupportedParameterError("tools", "client-side tools are not supported in "
+                                                 "responses yet (they are in chat.completions): "
+                                                 "the agent runs its own tools server-side")
     if req.n is not None and req.n != 1:
         raise UnsupportedParameterError("n", "n must be 1")
     fmt = (req.text or {}).get("format") or {}
@@ -97,7 +98,11 @@ def input_of(req: ResponsesRequest) -> tuple[list[Entry], list[Content]]:
     """The earlier input items (and the instructions, first) and the new message."""
     items = [InputItem(content=req.input)] if isinstance(req.input, str) else req.input
     messages = [_as_chat_message(i, item) for i, item in enumerate(items)]
-    history, new = chat.split_messages(chat.ChatRequest(model=req.model, messages=messages))
+    history, new, results = chat.split_messages(chat.ChatRequest(model=req.model,
+                                                                  messages=messages))
+    if results:
+        raise UnsupportedParameterError("input", "tool results are not supported here yet "
+                                                 "(client-side tools: /v1/chat/completions)")
     if req.instructions:
         history = [Entry(role="system", text=req.instructions), *history]
     return history, new

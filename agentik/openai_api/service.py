@@ -8,6 +8,7 @@ its turn is over, whether the caller read the answer or went away.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
@@ -15,9 +16,18 @@ from typing import TYPE_CHECKING
 import trio
 
 from agentik.errors import AgentikError, RuntimeClosedError
-from agentik.openai_api.follow import Cancelled, Failed, Finished, TextDelta, TurnEvent, run_turn
+from agentik.openai_api.follow import (
+    Cancelled,
+    ClientCalls,
+    Failed,
+    Finished,
+    TextDelta,
+    TurnEvent,
+    follow_turn,
+    run_turn,
+)
 from agentik.openai_api.responses import Outcome, outcome_of
-from agentik.wire import AssistantMessageEvent, Content, ErrorEvent, MessageContext
+from agentik.wire import AssistantMessageEvent, Content, Cursor, ErrorEvent, MessageContext
 
 if TYPE_CHECKING:
     from agentik.agent import LocalAgent
@@ -37,6 +47,8 @@ class TurnRun:
     turn_id: str
     events: trio.MemoryReceiveChannel[TurnEvent]
     scope: trio.CancelScope
+    #: the conversation named in the ids of client-side calls (None: the caller names it)
+    ids_for: str | None = None
 
 
 @dataclass(eq=False)
@@ -147,31 +159,45 @@ class OpenAiService:
     ) -> TurnRun:
         """Send the message and follow its turn in the service's nursery. The agent's refusal of
         the send (busy, full mailbox, bad content, unknown conversation) is raised here; with
-        ``delete_after`` the conversation is deleted once the turn is over (or refused).
+        ``delete_after`` the conversation is deleted once the turn is over (or refused), not
+        while it waits for the results of client-side tools (a later request answers them).
         ``branch``: the turn is an edit of (the message is a new version of) or a regenerate of
         (the message is not sent again) that user message ("edit" | "regenerate", its id)."""
         send, recv = trio.open_memory_channel[TurnEvent](EVENT_BUFFER)
         scope = trio.CancelScope()
-        run = partial(self._run, conversation_id, content, context, send, scope, delete_after,
-                      branch)
+        run = partial(self._run, conversation_id, scope, delete_after,
+                      partial(run_turn, self.agent, conversation_id, content, context, send,
+                              branch=branch))
         turn_id: str = await self._nursery.start(run)
         return TurnRun(turn_id=turn_id, events=recv, scope=scope)
 
+    async def follow(self, conversation_id: str, turn_id: str, cursor: Cursor,
+                     *, delete_after: bool) -> TurnRun:
+        """Follow a running turn from ``cursor`` (its client-side calls were just answered), as
+        :meth:`start_turn` follows a new one."""
+        send, recv = trio.open_memory_channel[TurnEvent](EVENT_BUFFER)
+        scope = trio.CancelScope()
+        run = partial(self._run, conversation_id, scope, delete_after,
+                      partial(follow_turn, self.agent, conversation_id, turn_id, cursor, send))
+        await self._nursery.start(run)
+        return TurnRun(turn_id=turn_id, events=recv, scope=scope)
+
     async def _run(
-        self, cid: str, content: list[Content], context: MessageContext | None,
-        send: trio.MemorySendChannel[TurnEvent], scope: trio.CancelScope, delete_after: bool,
-        branch: tuple[str, str] | None,
+        self, cid: str, scope: trio.CancelScope, delete_after: bool,
+        follow: Callable[..., Awaitable[None]],
         *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        ended: list[TurnEvent] = []
         try:
             with scope:
                 try:
-                    await run_turn(self.agent, cid, content, context, send, branch=branch,
-                                   task_status=task_status)
+                    await follow(ended=ended, task_status=task_status)
                 except* trio.BrokenResourceError:
                     pass  # the reader went away
         finally:
-            if delete_after:
+            # a turn that waits for client-side results keeps its conversation: the next
+            # request answers them (a reader gone before it saw the calls: deleted as ever)
+            if delete_after and not (ended and isinstance(ended[-1], ClientCalls)):
                 with trio.CancelScope(shield=True):
                     await self.delete_quietly(cid)
 

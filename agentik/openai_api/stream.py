@@ -4,9 +4,12 @@
 The stream: a first chunk with the role, one chunk per piece of live text, the answer's rest
 (what the live text did not carry), a last chunk with ``finish_reason``, and with
 ``stream_options.include_usage`` a chunk with no choices and the turn's usage. The agent's tool
-calls run server-side and are not shown. A turn that fails or is interrupted after the stream
-started ends it with a ``data: {"error": {...}}`` event, which the openai SDK raises as an
-APIError; before the stream starts it is an HTTP error answer.
+calls run server-side and are not shown; a turn that waits for the results of the caller's own
+tools (``tools``) ends its answer with their calls (``tool_calls``, ``finish_reason:
+"tool_calls"``), each id naming the conversation unless the caller names it
+(:func:`call_id_out`). A turn that fails or is interrupted after the stream started ends it with
+a ``data: {"error": {...}}`` event, which the openai SDK raises as an APIError; before the
+stream starts it is an HTTP error answer.
 """
 
 from __future__ import annotations
@@ -16,7 +19,15 @@ import time
 import trio
 from quart import Response
 
-from agentik.openai_api.follow import Cancelled, Failed, Finished, TextDelta, TurnEvent
+from agentik.openai_api.follow import (
+    ENDINGS,
+    Cancelled,
+    ClientCalls,
+    Failed,
+    Finished,
+    TextDelta,
+    TurnEvent,
+)
 from agentik.openai_api.service import OpenAiMount, TurnRun
 from agentik.openai_api.types import (
     AssistantOut,
@@ -27,6 +38,9 @@ from agentik.openai_api.types import (
     Delta,
     ErrorAnswer,
     ErrorObject,
+    FunctionCall,
+    ToolCallDelta,
+    ToolCallOut,
     Usage,
     encode,
 )
@@ -58,16 +72,40 @@ def ending_error(end: Failed | Cancelled) -> tuple[int, ErrorObject]:
                             type="server_error", code=end.code)
 
 
-async def ending_of(run: TurnRun) -> Finished | Failed | Cancelled:
+#: between the id of a call and the conversation it belongs to, in the ids given to the caller
+CALL_SEP = "@"
+
+
+def call_id_out(call_id: str, conversation_id: str | None) -> str:
+    """The id a client-side call is given to the caller: with its conversation when the caller
+    did not name one (a temporary conversation), so the request with its result finds it."""
+    return call_id if conversation_id is None else f"{call_id}{CALL_SEP}{conversation_id}"
+
+
+def call_id_in(given: str) -> tuple[str, str | None]:
+    """A tool message's ``tool_call_id`` as (the call's id, the conversation it names or None)."""
+    call_id, sep, conversation_id = given.rpartition(CALL_SEP)
+    return (call_id, conversation_id) if sep and call_id and conversation_id else (given, None)
+
+
+async def ending_of(run: TurnRun) -> Finished | Failed | Cancelled | ClientCalls:
     """Read a run's events to its ending (the live text is not needed: the answer is whole)."""
     async with run.events:
         async for event in run.events:
-            if isinstance(event, Finished | Failed | Cancelled):
+            if isinstance(event, ENDINGS):
                 return event
     return Failed(message="the turn's events ended without an ending", code="internal")
 
 
-def completion(run: TurnRun, model: str, end: Finished) -> ChatCompletion:
+def completion(run: TurnRun, model: str, end: Finished | ClientCalls) -> ChatCompletion:
+    if isinstance(end, ClientCalls):
+        calls = [ToolCallOut(id=call_id_out(c.call_id, run.ids_for),
+                             function=FunctionCall(name=c.name, arguments=c.arguments))
+                 for c in end.calls]
+        choice = Choice(message=AssistantOut(content=None, tool_calls=calls),
+                        finish_reason="tool_calls")
+        return ChatCompletion(id=f"chatcmpl-{run.turn_id}", created=int(time.time()),
+                              model=model, choices=[choice], usage=usage_of(None))
     return ChatCompletion(
         id=f"chatcmpl-{run.turn_id}", created=int(time.time()), model=model,
         choices=[Choice(message=AssistantOut(content=end.answer),
@@ -110,7 +148,7 @@ class _ChunkBody(PumpBody):
             async for event in self._run.events:
                 for data in self._frames(event):
                     await send.send(data)
-                if isinstance(event, Finished | Failed | Cancelled):
+                if isinstance(event, ENDINGS):
                     break
             else:
                 _, error = ending_error(Failed(message="the turn's events ended", code="internal"))
@@ -131,6 +169,16 @@ class _ChunkBody(PumpBody):
         if isinstance(event, Failed | Cancelled):
             _, error = ending_error(event)
             return [frame(encode(ErrorAnswer(error=error)))]
+        if isinstance(event, ClientCalls):
+            calls = [ToolCallDelta(index=i, id=call_id_out(c.call_id, self._run.ids_for),
+                                   function=FunctionCall(name=c.name, arguments=c.arguments))
+                     for i, c in enumerate(event.calls)]
+            out = [self._chunk(Delta(tool_calls=calls)), self._chunk(Delta(), "tool_calls")]
+            if self._usage:
+                out.append(frame(encode(ChatCompletionChunk(
+                    id=f"chatcmpl-{self._run.turn_id}", created=self._created,
+                    model=self._model, choices=[], usage=usage_of(None)))))
+            return out
         return []  # a tool call: run server-side, not shown
 
     def opened(self) -> None:

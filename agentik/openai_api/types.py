@@ -91,10 +91,31 @@ class Usage(Out, kw_only=True):
     total_tokens: int
 
 
+class FunctionCall(Out, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(Out, kw_only=True):
+    """A call of one of the caller's tools (``tools``), which the caller runs."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(Out, kw_only=True):
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantOut(Out, kw_only=True):
     role: Literal["assistant"] = "assistant"
     content: str | None
     refusal: None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class Choice(Out, kw_only=True):
@@ -117,6 +138,7 @@ class ChatCompletion(Out, kw_only=True):
 class Delta(Out, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(Out, kw_only=True):

@@ -24,9 +24,9 @@ from agentik.errors import (
     http_status,
 )
 from agentik.openai_api import chat
-from agentik.openai_api.follow import Finished
+from agentik.openai_api.follow import Cancelled, Failed
 from agentik.openai_api.service import OpenAiMount, TurnRun
-from agentik.openai_api.stream import chat_stream, completion, ending_error, ending_of
+from agentik.openai_api.stream import call_id_in, chat_stream, completion, ending_error, ending_of
 from agentik.openai_api.types import (
     ChatRequest,
     ErrorAnswer,
@@ -36,10 +36,18 @@ from agentik.openai_api.types import (
     decode_chat_request,
     encode,
 )
+from agentik.turns import open_pauses
 from agentik.web._state import principal, scope, state
 from agentik.web.errors import headers_of
 from agentik.web.http import read_body
-from agentik.wire import Content, ConversationRecord, MessageContext, MessageOrigin
+from agentik.wire import (
+    ClientTool,
+    Content,
+    ConversationRecord,
+    InputRequest,
+    MessageContext,
+    MessageOrigin,
+)
 
 bp = Blueprint("agentik_openai", __name__)
 
@@ -174,12 +182,63 @@ async def _record(conversation_id: str, user: str | None) -> ConversationRecord:
     return conv.record
 
 
+def _tools_of(req: ChatRequest) -> list[ClientTool] | None:
+    """The request's client-side tools (``tools``), checked before anything is stored."""
+    own = {t.name for t in state().require_agent().agent_tools(req.model)} | {"ask_user"}
+    return chat.client_tools(req, own)
+
+
+def _with(context: MessageContext, tools: list[ClientTool] | None) -> MessageContext:
+    return context if tools is None else msgspec.structs.replace(context, tools=tools)
+
+
+async def _answer_calls(req: ChatRequest, answers: list[chat.ToolAnswer]
+                        ) -> tuple[TurnRun, str | None]:
+    """A request ending with ``tool`` results: they answer the client-side calls its turn waits
+    on (all of them), and the turn is followed on from there; the conversation is the one the
+    request names, or the one the calls' ids name (their ids as :func:`stream.call_id_out`
+    gave them)."""
+    agent = state().require_agent()
+    given = _given_conversation(req)
+    named = {call_id_in(a.tool_call_id)[1] for a in answers} - {None}
+    cid = given or (named.pop() if len(named) == 1 else None)
+    if cid is None:
+        raise InvalidInputError("the tool results name no conversation: send the tool_call_id "
+                                f"values as given, or the {CONVERSATION_HEADER} header")
+    results = {call_id_in(a.tool_call_id)[0]: a.text for a in answers}
+    snapshot = await agent.chat_snapshot(cid, user=scope())
+    if agent.agent_of(snapshot.conversation.agent) != req.model:
+        raise ConflictError(f"conversation {cid!r} belongs to another model (agent)")
+    asked = {r.message.call_id: r.message for r in snapshot.messages
+             if isinstance(r.message, InputRequest) and r.message.tool is not None}
+    unknown = [c for c in results if c not in asked]
+    if unknown:
+        raise NotFoundError(f"no client-side tool call {unknown[0]!r} in conversation {cid!r}")
+    turn_id = asked[next(iter(results))].turn_id
+    waiting = {p.call_id for p in open_pauses(snapshot.messages, turn_id)
+               if isinstance(p, InputRequest) and p.tool is not None}
+    if not waiting & results.keys():
+        raise ConflictError("these tool calls have their results already")
+    if waiting - results.keys():
+        raise InvalidInputError("the results of every call the turn waits on are needed: "
+                                f"missing {sorted(waiting - results.keys())}")
+    cursor = await agent.outbox.current_cursor()
+    for call_id in sorted(waiting, key=list(results).index):
+        await agent.answer(cid, call_id, results[call_id], user=scope())
+    assert turn_id is not None
+    run = await mount_state().require().follow(
+        cid, turn_id, cursor, delete_after=snapshot.conversation.is_temporal)
+    run.ids_for = None if given else cid
+    return run, None if snapshot.conversation.is_temporal else cid
+
+
 async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
                  ) -> tuple[TurnRun, str | None]:
     """The request's turn started in the conversation it continues or seeds; and the id to
     answer in the conversation header (None for a temporary one)."""
     agent = state().require_agent()
     service = mount_state().require()
+    tools = _tools_of(req)
     given = _given_conversation(req)
     chat_id = request.headers.get(OPEN_WEBUI_CHAT)
     origin = "chat.completions"
@@ -220,14 +279,16 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
             content = new
             context = MessageContext(origin=MessageOrigin(kind="user"),
                                      metadata={"openai_api": origin})
-        run = await service.start_turn(given, content, context, delete_after=False,
-                                       branch=branch)
+        run = await service.start_turn(given, content, _with(context, tools),
+                                       delete_after=False, branch=branch)
         return run, given
     keep = bool(req.store)
     conv = await agent.create_conversation(temp=not keep, title="OpenAI chat completion",
                                            agent=req.model, owner=who.user)
     content, context = chat.seed_content(history, new, origin)
-    run = await service.start_turn(conv.id, content, context, delete_after=not keep)
+    run = await service.start_turn(conv.id, content, _with(context, tools),
+                                   delete_after=not keep)
+    run.ids_for = conv.id  # the caller named none: the calls' ids name it
     return run, conv.id if keep else None
 
 
@@ -236,8 +297,11 @@ async def chat_completions() -> Response:
     req = await _chat_request()
     check_model(req.model)
     chat.check_supported(req)
-    history, new = chat.split_messages(req)
-    run, conversation_id = await _start(req, history, new)
+    history, new, answers = chat.split_messages(req)
+    if answers:
+        run, conversation_id = await _answer_calls(req, answers)
+    else:
+        run, conversation_id = await _start(req, history, new)
     headers = {} if conversation_id is None else {CONVERSATION_HEADER: conversation_id}
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
@@ -246,7 +310,7 @@ async def chat_completions() -> Response:
         end = await ending_of(run)
     finally:
         run.scope.cancel()
-    if not isinstance(end, Finished):
+    if isinstance(end, Failed | Cancelled):
         status, error = ending_error(end)
         return Response(encode(ErrorAnswer(error=error)), status=status, content_type=JSON,
                         headers=headers)
