@@ -313,3 +313,26 @@ async def test_an_answer_the_store_refuses_leaves_the_pause_open(
         assert [e.type for e in rest] == ["approval_given", "tool_result", "assistant_message",
                                           "touched"]
         assert tool.runs == ["a.txt"]
+
+
+async def test_an_interrupt_ends_a_passivated_waiting_turn(db_path: str) -> None:
+    """The actor of a waiting turn was passivated: an interrupt loads it and ends the turn (its
+    waiting call gets its failed result), and a later answer is too late."""
+    tool = Tool()
+    async with open_runtime(cfg(db_path, idle_timeout=0.05), llm=model(DELETE),
+                            tools=tool.tools) as agent:
+        conv, seen = await paused(agent)
+        await passivated(agent, conv.id)
+        assert await conv.interrupt()
+        rest = await until(agent, conv.id, seen[-1].cursor, is_type("touched"))
+        assert [e.type for e in rest] == ["tool_failed", "assistant_message", "interrupted",
+                                          "touched"]
+        with pytest.raises(ConflictError):
+            await conv.approve("c1")
+        # cancelling the turn by its id does the same
+        conv, seen = await paused(agent)
+        await passivated(agent, conv.id)
+        assert await agent.cancel_turn(conv.id, seen[0].event.record.id)  # type: ignore[union-attr]
+        rest = await until(agent, conv.id, seen[-1].cursor, is_type("touched"))
+        assert [e.type for e in rest][-2:] == ["interrupted", "touched"]
+        assert tool.runs == []

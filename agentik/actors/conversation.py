@@ -132,7 +132,7 @@ class ConversationActor(TurnEndings, ToolPhase, BranchTurns):
             return
         if turn.branch is not None:
             await self._to_branch(turn)
-        h.interrupt_requested = False
+        h.interrupt_requested, h.interrupt_pending = h.interrupt_pending, False
         with spans.turn(self.agent.profile, h.conversation_id, turn) as span:
             await self._run_turn(turn, state, span)
 
@@ -146,6 +146,8 @@ class ConversationActor(TurnEndings, ToolPhase, BranchTurns):
         try:
             with trio.CancelScope() as scope:
                 h.turn_scope = scope
+                if h.interrupt_requested:  # interrupted while it waited to start again
+                    scope.cancel()
                 try:
                     ended = await self._turn_body(turn, state)
                 except LlmError as exc:
@@ -241,7 +243,9 @@ class ConversationActor(TurnEndings, ToolPhase, BranchTurns):
             await self.close_llm()
         content: Sequence[Content] | None = turn.content
         if turn.resume is not None:  # it waited for a person: on from its calls
-            texts = asking.round_texts([item for _, item in await self.memory.items()])
+            with trio.CancelScope(shield=True):  # its state whole before an interrupt ends it
+                items = await self.memory.items()
+            texts = asking.round_texts([item for _, item in items])
             logic.resumed(state, turn.resume.rounds, turn.resume.pending, texts)
             await self.run_tools(state, turn.resume.pending)
             content = None

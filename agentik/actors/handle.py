@@ -91,6 +91,9 @@ class ConversationHandle:
     waiting: dict[str, Turn] = field(default_factory=dict)
     turn_scope: trio.CancelScope | None = None
     interrupt_requested: bool = False
+    #: an interrupt of a turn that waited for a person, read back and not started again yet:
+    #: its actor ends it as soon as it starts it (its pauses' calls get their failed results)
+    interrupt_pending: bool = False
     actor_scope: trio.CancelScope | None = None
     #: the actor waits for its next turn in its mailbox loop (not running, storing or ending a
     #: turn, not crashed): with nothing queued either, a send's turn is the next thing the
@@ -252,6 +255,9 @@ class ConversationHandle:
         at once, and the actor skips it when it comes to it: it is never run), the running one
         is interrupted. False when it is neither (it has ended, or is not this conversation's)."""
         waiting = self.waiting.get(turn_id)
+        if waiting is not None and waiting.resume is not None:
+            self.interrupt_pending = True  # a waiting turn read back: interrupted, not withdrawn
+            return True
         if waiting is not None:
             if not waiting.withdrawn:
                 waiting.withdrawn = True
@@ -293,6 +299,9 @@ class ConversationHandle:
     def interrupt(self) -> bool:
         """Cancel the running turn, if any. Returns whether a turn was running."""
         if self.turn_scope is None:
+            if any(turn.resume is not None for turn in self.waiting.values()):
+                self.interrupt_pending = True
+                return True
             return False
         self.interrupt_requested = True
         self.turn_scope.cancel()

@@ -261,9 +261,10 @@ class Registry:
     async def cancel_turn(self, conversation_id: str, turn_id: str) -> bool:
         """Withdraw the turn ``turn_id`` while it waits, or interrupt it while it runs
         (``ConversationHandle.cancel_turn``); False when it does neither here (ended, unknown,
-        or its conversation is passivated: no turn waits then). Raises NotOwnerError when
-        another node owns the conversation, NotFoundError for an unknown one."""
-        handle = self.live.get(conversation_id)
+        or its conversation is passivated: no turn waits then, but one that waits for a person,
+        loaded to end it). Raises NotOwnerError when another node owns the conversation,
+        NotFoundError for an unknown one."""
+        handle = await self._live_or_waiting(conversation_id)
         if handle is not None:
             return await handle.cancel_turn(turn_id)
         if self.deps.storage.leases is not None:
@@ -273,9 +274,9 @@ class Registry:
         return False
 
     async def interrupt(self, conversation_id: str) -> bool:
-        """Cancel the conversation's running turn; False when none runs (an idle or passivated
-        conversation runs none). Raises NotFoundError."""
-        handle = self.live.get(conversation_id)
+        """Cancel the conversation's running turn (or its turn waiting for a person, passivated
+        or not); False when none runs. Raises NotFoundError."""
+        handle = await self._live_or_waiting(conversation_id)
         if handle is not None:
             return handle.interrupt()
         if self.deps.storage.leases is not None:  # a cluster: its turn may run on its owner
@@ -283,6 +284,14 @@ class Registry:
         if await self.deps.storage.reader.get_conversation(conversation_id) is None:
             raise NotFoundError(f"conversation {conversation_id!r} not found")
         return False
+
+    async def _live_or_waiting(self, conversation_id: str) -> ConversationHandle | None:
+        """The live handle; else, when the conversation has a turn waiting for a person, the
+        handle of the actor loaded for it (an interrupt ends that turn); else None."""
+        handle = self.live.get(conversation_id)
+        if handle is None and await self.deps.storage.reader.waiting_turn(conversation_id):
+            handle = await self.get(conversation_id)
+        return handle
 
     def passivate(self, handle: ConversationHandle) -> bool:
         """Called by an idle actor. Succeeds only with an empty mailbox; closing the mailbox in
