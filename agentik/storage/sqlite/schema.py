@@ -33,6 +33,8 @@ Tables:
   push configs) with their progress: ``after`` (every event up to it is done), ``attempts`` at
   the next one, ``next_at`` (its next attempt), ``failing_since`` (its first failed attempt).
 - ``webhook_delivery`` (v8): each subscription's delivery log (its newest lines).
+- ``message_branch_point`` (v9): a partial index of the journal's branch points (docs/PROTOCOL.md
+  "Branches"), by conversation: whether a conversation has any is one probe.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import sqlite3
 
 from agentik.storage.migrations import apply_migrations
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -199,8 +201,16 @@ CREATE TABLE webhook_delivery (
 CREATE INDEX webhook_delivery_by_webhook ON webhook_delivery (webhook_id, n);
 """
 
+#: the branch points of each conversation (docs/PROTOCOL.md "Branches"): whether one has any
+#: (``queries.branched``, asked by every ``messages`` page) is one index probe, not a scan of its
+#: journal; only branch points are in it, so a send's insert does not touch it
+_V9 = """
+CREATE INDEX message_branch_point ON message (conversation_id) WHERE type = 'branch_point';
+"""
+
 #: version -> script that brings a database from version-1 to version
-MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7, 8: _V8}
+MIGRATIONS: dict[int, str] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5, 6: _V6, 7: _V7, 8: _V8,
+                              9: _V9}
 
 
 def migrate(conn: sqlite3.Connection) -> None:
