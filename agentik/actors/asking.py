@@ -13,6 +13,7 @@ import msgspec
 
 from agentik.ids import new_id
 from agentik.llm.base import ToolSpec
+from agentik.profiles import ASK_USER
 from agentik.wire import (
     ApprovalAnswer,
     ApprovalRequest,
@@ -43,8 +44,6 @@ class PausePolicy:
     client_tools: frozenset[str] = frozenset()
 
 
-#: the built-in tool that asks the person a question (``ask_user = true``)
-ASK_USER = "ask_user"
 ASK_USER_SPEC = ToolSpec(
     name=ASK_USER,
     description="Ask the user a question and wait for their answer (use it when you need "

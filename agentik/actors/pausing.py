@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
+from agentik.actors.asking import NO_ANSWER
 from agentik.actors.branches import read_tree
 from agentik.errors import ConflictError, NotFoundError, RuntimeClosedError, StorageError
 from agentik.ids import new_id
@@ -92,7 +93,7 @@ def check_kind(request: Pause, answer: PauseAnswer) -> None:
 def timed_out(request: Pause) -> PauseAnswer:
     """The answer a pause gets when its deadline passes."""
     if isinstance(request, ApprovalRequest):
-        return ApprovalAnswer(call_id=request.call_id, approve=False, reason="no answer came in time",
+        return ApprovalAnswer(call_id=request.call_id, approve=False, reason=NO_ANSWER,
                               timed_out=True, turn_id=request.turn_id)
     return InputAnswer(call_id=request.call_id, timed_out=True, turn_id=request.turn_id)
 
