@@ -21,7 +21,6 @@ from agentik.actors.deps import Deps
 from agentik.actors.registry import Registry
 from agentik.agent_branches import BranchCalls
 from agentik.agent_handles import (
-    MAX_PAGE,
     Journal,
     OnlineOutbox,
     Outbox,
@@ -389,12 +388,5 @@ class LocalAgent(BranchCalls):
         record = await self._deps.storage.reader.get_conversation(conversation_id)
         if record is None:
             raise NotFoundError(f"conversation {conversation_id!r} not found")
-        messages: list[MessageRecord] = []
-        after = 0
-        while True:  # the current branch (one read of the tree when it has branches)
-            page = await self.branch_messages(conversation_id, after, 0, MAX_PAGE)
-            messages.extend(page)
-            if len(page) < MAX_PAGE:
-                break
-            after = page[-1].seq
+        messages = await self.current_branch(conversation_id)
         return ChatSnapshot(cursor=cursor, conversation=record, messages=messages)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from agentik.actors import branches
 from agentik.actors.branches import read_tree
-from agentik.agent_handles import check_limit, check_non_negative
+from agentik.agent_handles import MAX_PAGE, check_limit, check_non_negative
 from agentik.api import as_content
 from agentik.config import BUSY_POLICIES
 from agentik.content import check_content
@@ -192,6 +192,21 @@ class BranchCalls:
         """Every version at ``message_id``'s place, oldest first (user messages; or each
         answer's last record), numbered. Raises NotFoundError."""
         return (await self._tree(conversation_id, user)).siblings(message_id)
+
+    async def current_branch(self, conversation_id: str) -> list[MessageRecord]:
+        """Every record of the current branch, in seq order (the snapshot's): one read of the
+        tree when it has branches, else its journal's pages."""
+        reader = self._deps.storage.reader
+        if await reader.branched(conversation_id):
+            return (await read_tree(reader, conversation_id)).listing()
+        messages: list[MessageRecord] = []
+        after = 0
+        while True:
+            page = await reader.get_messages(conversation_id, after, 0, MAX_PAGE)
+            messages.extend(page)
+            if len(page) < MAX_PAGE:
+                return messages
+            after = page[-1].seq
 
     async def branch_messages(self, conversation_id: str, after_seq: int = 0, offset: int = 0,
                               limit: int = 100) -> list[MessageRecord]:
