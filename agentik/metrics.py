@@ -66,6 +66,10 @@ TOOL_CALLS = Counter(
     "agentik_tool_calls", "Tool calls by server and outcome (ok, error, failed)",
     ["server", "outcome"], registry=REGISTRY,
 )
+PAUSES = Counter(
+    "agentik_pauses", "Calls that waited for a person, by how they were answered (approved, "
+    "refused, timed_out, answered)", ["answer"], registry=REGISTRY,
+)
 MAILBOX_REJECTIONS = Counter(
     "agentik_mailbox_rejections", "Sends refused because the conversation's mailbox was full",
     registry=REGISTRY,

@@ -19,6 +19,7 @@ from agentik.errors import ConflictError, NotFoundError
 from agentik.wire import ApprovalAnswer, ApprovalRequested, InputRequested
 from tests.scripted_openai import ScriptedOpenAI
 from tests.test_pause import ASK, DELETE, Tool, model
+from tests.test_web_ops import scrape
 from tests.webutil import (  # noqa: F401 - fixtures are used by name
     WsClient,
     make_config,
@@ -38,6 +39,7 @@ async def test_the_answer_routes(tmp_path: Path, openai: ScriptedOpenAI) -> None
     async with serve_app(config, model(DELETE), tool.tools) as server, \
             httpx2.AsyncClient(base_url=server.url, timeout=10) as client:
         with trio.fail_after(30):
+            before = await scrape(client)
             cid = (await client.post("/agentik/conversations")).json()["id"]
             base = f"/agentik/conversations/{cid}"
             cursor = (await client.get("/agentik/cursor")).json()["current"]
@@ -72,6 +74,9 @@ async def test_the_answer_routes(tmp_path: Path, openai: ScriptedOpenAI) -> None
                                                                     "reason": "no"})).json() == ok.json()
             assert (await client.post(f"{base}/inputs/c1", json={"text": "x"})).status_code == 409
             assert tool.runs == []
+            after = await scrape(client)
+            refused = ("agentik_pauses_total", (("answer", "refused"),))
+            assert after[refused] - before.get(refused, 0.0) == 1  # once, however often sent
 
 
 async def test_websocket_approve_and_answer(tmp_path: Path, openai: ScriptedOpenAI) -> None:

@@ -186,8 +186,9 @@ class ConversationActor(TurnEndings, ToolPhase, BranchTurns):
             raise
         finally:
             spans.ended(span, state, outcome, failed)
-            metrics.TURNS.labels(outcome).inc()
-            metrics.TURN_DURATION.observe(time.perf_counter() - started)
+            if outcome != "paused":  # left waiting (stored): it ends in a later actor
+                metrics.TURNS.labels(outcome).inc()
+                metrics.TURN_DURATION.observe(time.perf_counter() - started)
             self._awaiting_first_token = None
             h.turn_scope = None
             h.pauses.close()

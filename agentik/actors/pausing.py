@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
+from agentik import metrics
 from agentik.actors.asking import NO_ANSWER
 from agentik.actors.branches import read_tree
 from agentik.errors import ConflictError, NotFoundError, RuntimeClosedError, StorageError
@@ -88,6 +89,15 @@ def check_kind(request: Pause, answer: PauseAnswer) -> None:
     if isinstance(request, ApprovalRequest) != isinstance(answer, ApprovalAnswer):
         waits = "an approval" if isinstance(request, ApprovalRequest) else "an answer"
         raise ConflictError(f"call {request.call_id!r} waits for {waits}, not this")
+
+
+def answer_label(answer: PauseAnswer) -> str:
+    """How a pause was answered, as ``agentik_pauses_total`` counts it."""
+    if answer.timed_out:
+        return "timed_out"
+    if isinstance(answer, ApprovalAnswer):
+        return "approved" if answer.approve else "refused"
+    return "answered"
 
 
 def timed_out(request: Pause) -> PauseAnswer:
@@ -158,6 +168,7 @@ class Pauses:
         finally:
             slot.settled = trio.Event()  # for the next attempt
             done.set()
+        metrics.PAUSES.labels(answer_label(slot.answer)).inc()
         return slot.record
 
     async def wait(self, slot: Slot, idle: float, park: Callable[[], bool]) -> PauseAnswer:
