@@ -225,3 +225,37 @@ async def test_events_the_outbox_trimmed_before_delivery_are_recorded_as_lost(
     assert len(offsets) + len(lost_range) == len(cids)
     key = ("agentik_webhook_deliveries_total", (("outcome", "lost"),))
     assert after[key] - before.get(key, 0.0) == len(lost_range)
+
+
+async def test_an_event_failing_past_the_retry_time_is_given_up_and_the_next_goes(
+    tmp_path: Any, openai: ScriptedOpenAI, engine: str | None
+) -> None:
+    """AGENTIK_WEBHOOK_RETRY_FOR after its first failure an event is given up (a ``gave_up``
+    line, counted) and the next one is sent; the lag metric says how long the failing one has
+    been failing, and 0 once nothing fails."""
+    cfg = make_config(tmp_path, openai, webhook_max_backoff=0.05, webhook_retry_for=0.5)
+    with trio.fail_after(30):
+        async with open_receiver() as receiver, serve_app(cfg) as server, httpx2.AsyncClient(
+                base_url=server.url, timeout=10) as client:
+            hook = await subscribe(client, receiver.url + "/in", events=["conversation.created"])
+            receiver.down = True
+            first = await create(client)
+            await receiver.wait(lambda r: len(r.requests) >= 2)
+            lag = ("agentik_webhook_lag_seconds", ())
+            assert (await scrape(client))[lag] > 0
+            while not any(d["outcome"] == "gave_up" for d in await deliveries(client, hook["id"])):
+                await receiver.wait(lambda r, n=len(receiver.requests): len(r.requests) > n)
+            receiver.down = False
+            second = await create(client)
+            await receiver.wait(lambda r: len(r.accepted) >= 1)
+            log = await deliveries(client, hook["id"])
+            metrics = await scrape(client)
+    assert [msgspec.json.decode(r.body)["data"]["conversation_id"]
+            for r in receiver.accepted] == [second]
+    gave_up = [d for d in log if d["outcome"] == "gave_up"]
+    assert len(gave_up) == 1 and gave_up[0]["status"] == 503
+    assert all(d["outcome"] == "failed" for d in log if d["offset"] == gave_up[0]["offset"]
+               and d["attempt"] < gave_up[0]["attempt"])
+    assert metrics[lag] == 0
+    assert metrics[("agentik_webhook_deliveries_total", (("outcome", "gave_up"),))] >= 1
+    _ = first
