@@ -77,7 +77,7 @@ async def test_the_config_methods(tmp_path: Path, openai: ScriptedOpenAI) -> Non
         async with a2a_server(cfg) as (_, rpc):
             task = (await rpc.call("SendMessage", {"message": message("hi")}))["task"]
             tid = task["id"]
-            public = "https://8.8.8.8/hook"
+            public = "https://8.8.8.8/hook"  # never posted to: the task has ended
             made = await rpc.call("CreateTaskPushNotificationConfig",
                                   {"taskId": tid, **push_config(public)},
                                   pb.TaskPushNotificationConfig)
@@ -111,3 +111,48 @@ async def test_the_config_methods(tmp_path: Path, openai: ScriptedOpenAI) -> Non
                                                                   "url": "http://127.0.0.1:9/"}}},
                             -32602)
             assert (await rpc.call("ListTasks", {}))["totalSize"] == 1
+
+
+async def test_webhooks_are_for_admins_and_a_push_config_for_the_tasks_user(
+    tmp_path: Path, openai: ScriptedOpenAI
+) -> None:
+    """With a users file: a user gets 403 from every webhook route, an admin 201; bob's push
+    config calls on alice's task answer as for a missing task (-32001), alice's succeed."""
+    import httpx2
+
+    from tests.test_a2a import Rpc
+    from tests.usersutil import bearer, write_users
+    from tests.webutil import serve_app
+
+    users = write_users(tmp_path / "users.toml")
+    cfg = make_config(tmp_path, openai, users_file=str(users))
+    openai.push(Reply("ok"))
+    with trio.fail_after(30):
+        async with serve_app(cfg) as server:
+            clients = {who: httpx2.AsyncClient(base_url=server.url, timeout=10,
+                                               headers=bearer(who)) for who in
+                       ("alice", "bob", "root")}
+            async with clients["alice"], clients["bob"], clients["root"]:
+                body = {"url": "http://127.0.0.1:9/h", "events": ["turn.failed"]}
+                for method, path in (("POST", "/agentik/webhooks"), ("GET", "/agentik/webhooks"),
+                                     ("GET", "/agentik/webhooks/x"),
+                                     ("DELETE", "/agentik/webhooks/x"),
+                                     ("GET", "/agentik/webhooks/x/deliveries")):
+                    response = await clients["alice"].request(
+                        method, path, json=body if method == "POST" else None)
+                    assert response.status_code == 403, (method, path, response.text)
+                made = await clients["root"].post("/agentik/webhooks", json=body)
+                assert made.status_code == 201
+                alice, bob = Rpc(clients["alice"]), Rpc(clients["bob"])
+                task = (await alice.call("SendMessage", {"message": message("hi")}))["task"]
+                # a public address (a push URL's rule), never posted to: the task has ended
+                config = {"taskId": task["id"], "id": "p", "url": "https://8.8.8.8/h"}
+                await bob.error("CreateTaskPushNotificationConfig", config, -32001)
+                await alice.call("CreateTaskPushNotificationConfig", config)
+                for method in ("GetTaskPushNotificationConfig",
+                               "DeleteTaskPushNotificationConfig"):
+                    await bob.error(method, {"taskId": task["id"], "id": "p"}, -32001)
+                await bob.error("ListTaskPushNotificationConfigs", {"taskId": task["id"]},
+                                -32001)
+                assert (await alice.call("GetTaskPushNotificationConfig",
+                                         {"taskId": task["id"], "id": "p"}))["id"] == "p"
