@@ -9,6 +9,7 @@ import logging
 import socket
 import urllib.parse
 
+import msgspec
 import trio
 
 from agentik import webhooks
@@ -19,6 +20,7 @@ from agentik.storage import ops
 from agentik.storage.actor import Storage
 from agentik.storage.types import DeliveryRow, WebhookRow
 from agentik.webhook_delivery import Deliveries
+from agentik.webhook_types import Webhook, WebhookCreated, WebhookDelivery
 from agentik.webhooks import Push
 
 log = logging.getLogger(__name__)
@@ -71,8 +73,9 @@ class Webhooks:
     # --- the admin routes' subscriptions ----------------------------------------------------------
 
     async def create(self, url: str, events: object, *, agent: str | None = None,
-                     conversation_id: str | None = None) -> WebhookRow:
-        """A new subscription for the events stored from now on. Raises InvalidInputError."""
+                     conversation_id: str | None = None) -> WebhookCreated:
+        """A new subscription for the events stored from now on, with its secret (no other
+        answer shows it). Raises InvalidInputError."""
         if agent is not None and agent not in self._agents:
             raise InvalidInputError(f"agent {agent!r} is not one of the server's agents")
         spec = ops.WebhookSpec(id=new_id(), url=webhooks.check_url(url),
@@ -80,13 +83,19 @@ class Webhooks:
                                conversation_id=conversation_id, secret=webhooks.new_secret())
         await self._storage.write(ops.PutWebhook(spec=spec, after=self._storage.hub.head))
         self.deliveries.changed()
-        return await self._get(spec.id)
+        shown = webhook_of(await self._get(spec.id))
+        return WebhookCreated(**msgspec.structs.asdict(shown), secret=spec.secret)
 
-    async def all(self) -> list[WebhookRow]:
+    async def all(self) -> list[Webhook]:
         """The admin routes' and the settings file's subscriptions (not A2A push configs)."""
-        return [r for r in await self._storage.reader.webhooks() if r.spec.source != "a2a"]
+        return [webhook_of(r) for r in await self._storage.reader.webhooks()
+                if r.spec.source != "a2a"]
 
-    async def get(self, webhook_id: str) -> WebhookRow:
+    async def get(self, webhook_id: str) -> Webhook:
+        """Raises NotFoundError."""
+        return webhook_of(await self._admin_row(webhook_id))
+
+    async def _admin_row(self, webhook_id: str) -> WebhookRow:
         row = await self._storage.reader.get_webhook(webhook_id)
         if row is None or row.spec.source == "a2a":
             raise NotFoundError(f"webhook {webhook_id!r} not found")
@@ -100,19 +109,21 @@ class Webhooks:
 
     async def delete(self, webhook_id: str) -> None:
         """Raises NotFoundError, ConflictError for one the settings file makes."""
-        row = await self.get(webhook_id)
+        row = await self._admin_row(webhook_id)
         if row.spec.source == "file":
             raise ConflictError(f"webhook {webhook_id!r} is made by the settings file "
                                 "(AGENTIK_WEBHOOKS): remove it there")
         await self._storage.write(ops.DeleteWebhook(webhook_id=webhook_id))
         self.deliveries.changed()
 
-    async def deliveries_of(self, webhook_id: str, limit: int = MAX_DELIVERIES
-                            ) -> list[DeliveryRow]:
-        """The subscription's newest delivery log lines, newest first. Raises NotFoundError."""
-        await self.get(webhook_id)
-        return await self._storage.reader.webhook_deliveries(webhook_id,
-                                                             min(limit, MAX_DELIVERIES))
+    async def deliveries_of(self, webhook_id: str, limit: int = 50) -> list[WebhookDelivery]:
+        """The subscription's newest delivery log lines (``limit``: 1..200), newest first.
+        Raises NotFoundError, InvalidInputError."""
+        if not 1 <= limit <= MAX_DELIVERIES:
+            raise InvalidInputError(f"limit must be an integer 1..{MAX_DELIVERIES}")
+        await self._admin_row(webhook_id)
+        rows = await self._storage.reader.webhook_deliveries(webhook_id, limit)
+        return [delivery_of(r) for r in rows]
 
     # --- A2A push configs (the A2A facade checked the task is the caller's) ---------------------
 
@@ -162,3 +173,21 @@ class Webhooks:
             raise InvalidInputError("push URL must not name a loopback, private or link-local "
                                     "address")
 
+
+def webhook_of(row: WebhookRow) -> Webhook:
+    """A subscription as the API shows it (no secret)."""
+    spec = row.spec
+    return Webhook(
+        id=spec.id, url=spec.url, events=list(spec.events), agent=spec.agent,
+        conversation_id=spec.conversation_id, source=spec.source,
+        created_at=webhooks.timestamp(row.created_at), delivered_through=row.after,
+        attempts=row.attempts,
+        failing_since=(None if row.failing_since is None
+                       else webhooks.timestamp(row.failing_since)),
+        next_attempt_at=webhooks.timestamp(row.next_at) if row.attempts else None)
+
+
+def delivery_of(row: DeliveryRow) -> WebhookDelivery:
+    a = row.attempt
+    return WebhookDelivery(offset=a.offset, type=a.type, attempt=a.attempt, outcome=a.outcome,
+                           status=a.status, error=a.error, at=webhooks.timestamp(row.at))

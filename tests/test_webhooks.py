@@ -259,3 +259,33 @@ async def test_an_event_failing_past_the_retry_time_is_given_up_and_the_next_goe
     assert metrics[lag] == 0
     assert metrics[("agentik_webhook_deliveries_total", (("outcome", "gave_up"),))] >= 1
     _ = first
+
+
+async def test_the_python_client_and_the_in_process_agent_answer_alike(
+    server: Server, openai: ScriptedOpenAI
+) -> None:
+    """``agent.webhooks`` over HTTP (agentik.client) and in-process: the same calls, the same
+    answers, the same errors."""
+    from agentik.client import AgentikAgent
+    from agentik.errors import InvalidInputError, NotFoundError
+
+    local = server.agent.webhooks
+    async with AgentikAgent("test", server.url) as remote:
+        made = await remote.webhooks.create("http://127.0.0.1:9/in", ["turn.failed"])
+        assert made.secret.startswith("whsec_")
+        other = await local.create("http://127.0.0.1:9/other", ["conversation.created"],
+                                   conversation_id="c")
+        assert await remote.webhooks.all() == await local.all()
+        assert [w.id for w in await local.all()] == [made.id, other.id]
+        assert await remote.webhooks.get(other.id) == await local.get(other.id)
+        assert await remote.webhooks.deliveries_of(made.id) == await local.deliveries_of(made.id)
+        for agent in (remote.webhooks, local):
+            with pytest.raises(InvalidInputError):
+                await agent.create("http://127.0.0.1:9/", ["nope"])
+            with pytest.raises(NotFoundError):
+                await agent.get("nope")
+        await remote.webhooks.delete(made.id)
+        with pytest.raises(NotFoundError):
+            await local.delete(made.id)
+        with pytest.raises(InvalidInputError):
+            await remote.webhooks.deliveries_of(other.id, limit=0)

@@ -35,6 +35,7 @@ from agentik.client.handles import (
     message_path,
 )
 from agentik.client.streams import OnOpen, decode_answer, read_durable, read_live
+from agentik.client.webhooks import HttpWebhooks
 from agentik.errors import NotFoundError, RuntimeClosedError, StorageError
 from agentik.protocol import (
     AgentEntry,
@@ -121,6 +122,7 @@ class AgentikAgent:
         self.journal = HttpJournal(self)
         self.outbox = HttpOutbox(self)
         self.online_outbox = HttpOnlineOutbox(self)
+        self.webhooks = HttpWebhooks(self)  # admins: docs/WEBHOOKS.md
 
     # --- lifecycle -------------------------------------------------------------------------------
 
