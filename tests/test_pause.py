@@ -336,3 +336,19 @@ async def test_an_interrupt_ends_a_passivated_waiting_turn(db_path: str) -> None
         rest = await until(agent, conv.id, seen[-1].cursor, is_type("touched"))
         assert [e.type for e in rest][-2:] == ["interrupted", "touched"]
         assert tool.runs == []
+
+
+async def test_a_deadline_outlives_a_restart(db_path: str) -> None:
+    """The deadline is stored with the request: after a restart, with nobody answering, the
+    call is denied when it passes (start-up loads the waiting conversation)."""
+    tool = Tool()
+    config = cfg(db_path, approval_timeout=0.5)
+    async with open_runtime(config, llm=model(DELETE), tools=tool.tools) as agent:
+        conv, seen = await paused(agent)
+    deadline = seen[-1].event.record.message.deadline  # type: ignore[union-attr]
+    async with open_runtime(config, llm=model(DELETE), tools=tool.tools) as agent:
+        rest = await until(agent, conv.id, seen[-1].cursor, is_type("touched"))
+        given = rest[0].event.record  # type: ignore[union-attr]
+        assert given.message.timed_out and given.created_at >= deadline  # type: ignore[union-attr]
+        assert answer_text(rest) == "tools said: the call was denied: no answer came in time"
+        assert tool.runs == []
