@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from agentik import Config, LocalAgent, open_runtime
 from agentik.agent import LocalConversation
@@ -318,3 +319,44 @@ async def test_compaction_works_on_the_branch(config: Config, scripted: Scripted
 def estimate(body: dict[str, Any]) -> int:
     from tests.test_context_openai import our_estimate
     return our_estimate(body)
+
+
+async def test_a_switch_waits_for_the_turn_before_it(config: Config, scripted: ScriptedOpenAI
+                                                     ) -> None:
+    """A switch takes its place among the conversation's turns (the busy policy ``queue``): sent
+    while a turn runs, it is done once that turn has its answer, which stays on the branch the
+    turn ran on; the model then sees the branch switched to."""
+    from tests.scripted_openai import Reply
+
+    scripted.default = Echo(prefix="re ")
+    async with open_runtime(config) as agent:
+        conv = await agent.create_conversation()
+        ids = [await turn(agent, conv, lambda t=t: conv.send(t)) for t in ("u1", "u2")]
+        edited = await turn(agent, conv, lambda: conv.edit(ids[1], "u2 b"))
+        gate = trio.Event()
+        scripted.push(Reply(["slow ", "answer"], gate=gate))
+        online = agent.online_outbox.online_events(conv.id)
+        await conv.send("u3")  # on the edited branch
+        with trio.fail_after(10):
+            async for ev in online:
+                if ev.type == "append_text":
+                    break
+        switched: list[Any] = []
+        async with trio.open_nursery() as nursery:
+            async def switch() -> None:
+                switched.append(await conv.switch_branch(ids[1]))
+            nursery.start_soon(switch)
+            handle = agent._registry.live[conv.id]
+            with trio.fail_after(10):  # until the switch is queued (its reads run in threads)
+                while not any(t.branch == "switch" for t in handle.waiting.values()):
+                    await trio.testing.wait_all_tasks_blocked()
+            assert not switched and handle.current is not None
+            gate.set()
+        [snapshot] = switched
+        assert [text_of(r) for r in snapshot.messages] == ["u1", "re u1", "u2", "re u2"]
+        versions = await conv.siblings(edited)
+        assert [r.id for r in versions] == [ids[1], edited]
+        conv_back = await conv.switch_branch(edited)
+        assert [text_of(r) for r in conv_back.messages][-2:] == ["u3", "slow answer"]
+        await turn(agent, conv, lambda: conv.send("u4"))
+        assert seen(scripted.requests[-1])[-3:] == ["user:u3", "assistant:slow answer", "user:u4"]
