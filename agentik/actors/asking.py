@@ -14,6 +14,7 @@ import msgspec
 from agentik.ids import new_id
 from agentik.llm.base import ToolSpec
 from agentik.profiles import ASK_USER
+from agentik.tools.base import Elicited
 from agentik.wire import (
     ApprovalAnswer,
     ApprovalRequest,
@@ -141,6 +142,16 @@ def answer_outcome(answer: ApprovalAnswer | InputAnswer) -> tuple[str, bool] | N
             return (text or "") if data is None else encode(data).decode(), False
         case _:
             assert_never(answer)
+
+
+def elicited(answer: InputAnswer) -> Elicited:
+    """What a tool server's question (an MCP elicitation) is answered: a structured answer
+    accepts it, a text one declines it, none in time (or the turn ended) cancels it."""
+    if answer.timed_out:
+        return Elicited(action="cancel")
+    if answer.data is not None:
+        return Elicited(action="accept", content=answer.data)
+    return Elicited(action="decline")
 
 
 def paused_result(turn_id: str, call: ToolCallSpec,

@@ -132,10 +132,11 @@ class Pauses:
 
     def question(self) -> Slot | None:
         """A question still waiting for its answer (the next message sent answers it; not a
-        client-side tool's call, whose result is no message)."""
+        client-side tool's call, whose result is no message, nor a form a tool server asks)."""
         for slot in self.slots.values():
             request = slot.request
-            if isinstance(request, InputRequest) and request.tool is None and slot.answer is None:
+            if (isinstance(request, InputRequest) and request.tool is None
+                    and request.schema is None and slot.answer is None):
                 return slot
         return None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from typing import Any
 
 import trio
 
@@ -22,9 +23,11 @@ from agentik.actors.handle import ConversationHandle
 from agentik.actors.memory import WorkingMemory
 from agentik.actors.pausing import Slot
 from agentik.errors import ToolError
+from agentik.ids import new_id
 from agentik.llm.base import LiteConversation
-from agentik.tools.base import CALL_META
-from agentik.wire import AssistantItem, ToolCallSpec, ToolResult
+from agentik.storage import ops
+from agentik.tools.base import CALL_META, ELICIT, Elicited
+from agentik.wire import AssistantItem, InputAnswer, InputRequest, ToolCallSpec, ToolResult
 
 
 class ToolPhase:
@@ -110,6 +113,7 @@ class ToolPhase:
         timeout = self.deps.config.tool_timeout
         token = CALL_META.set({"agentik/call_id": call.call_id,
                                "agentik/conversation_id": self.h.conversation_id})
+        asks = ELICIT.set(partial(self._elicit, state))
         try:
             with trio.fail_after(timeout):
                 outcome = await self.agent.tools.call(call.name, arguments)
@@ -119,4 +123,27 @@ class ToolPhase:
             return logic.tool_failure(state, call, str(exc))
         finally:
             CALL_META.reset(token)
+            ELICIT.reset(asks)
         return logic.tool_result(state, call, outcome, self.deps.config.tool_result_cap)
+
+    async def _elicit(self, state: logic.TurnState, message: str, schema: dict[str, Any]
+                      ) -> Elicited:
+        """A tool server asks the person a question during a call (MCP elicitation; run in the
+        server's session task while the call waits): stored as a pause of the running turn
+        (``input_requested`` with the schema, answered by the same routes), but the turn row
+        stays running, as the call does: a restart ends the turn as any running one (the MCP
+        request cannot outlive the process), and its question with it."""
+        request = InputRequest(call_id=f"elicit_{new_id()}", question=message, schema=schema,
+                               deadline=self.pause_policy().deadline, turn_id=state.turn_id)
+        pause = ((new_id(), request),)
+        self.h.pauses.open(state.turn_id, pause)
+        try:
+            await self.memory.write(ops.AppendToolCalls(
+                conversation_id=self.h.conversation_id, calls=(), item=None, pauses=pause))
+            # never parked: the call it came from is running (the actor cannot go)
+            answer = await self.h.pauses.wait(self.h.pauses.slots[request.call_id],
+                                              float("inf"), lambda: False)
+        finally:
+            self.h.pauses.slots.pop(request.call_id, None)
+        assert isinstance(answer, InputAnswer)
+        return asking.elicited(answer)

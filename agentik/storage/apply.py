@@ -174,7 +174,8 @@ def tool_calls(t: Target[Rec], op: ops.AppendToolCalls) -> object:
         t.require(cid)  # an empty round takes no seq: checked here
     made = [t.journal(cid, message_id, call, ToolCallEvent)
             for message_id, call in op.calls]
-    t.remember(cid, op.item, None)
+    if op.item is not None:
+        t.remember(cid, op.item, None)
     for message_id, pause in op.pauses:
         made.append(t.journal(cid, message_id, pause, ApprovalRequested
                               if type(pause) is ApprovalRequest else InputRequested))

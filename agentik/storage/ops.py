@@ -90,11 +90,12 @@ class StartTurn(Op[None], frozen=True, kw_only=True):
 
 
 class AppendToolCalls(Op[list[MessageRecord]], frozen=True, kw_only=True):
-    """One model round's tool calls: journal + events, one assistant item in working memory."""
+    """One model round's tool calls: journal + events, one assistant item in working memory
+    (none, and no calls: a question a tool server asks during a call, an elicitation)."""
 
     conversation_id: str
     calls: tuple[tuple[str, ToolCall], ...]  # (message id, call)
-    item: WorkingItem
+    item: WorkingItem | None
     #: (message id, request) of calls that wait for a person: turn ``turn_id`` waits (pausing.py)
     pauses: tuple[tuple[str, Pause], ...] = ()
     turn_id: str | None = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -33,6 +33,22 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
 #: context variable rather than an argument: a ToolRegistry of an embedding program keeps its
 #: two-argument ``call``.
 CALL_META: ContextVar[dict[str, str] | None] = ContextVar("agentik_call_meta", default=None)
+
+
+
+class Elicited(msgspec.Struct, frozen=True, kw_only=True):
+    """A person's answer to a tool server's question during a call (MCP elicitation): accept
+    (with ``content``, the structured answer), decline (they refused), cancel (no answer:
+    the deadline passed, the turn ended)."""
+
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, Any] | None = None
+
+
+#: asks the person behind the running call a tool server's question (its message, the JSON
+#: schema of the answer): set by the turn around each call as CALL_META is; None: nobody to ask
+Elicit = Callable[[str, dict[str, Any]], Awaitable[Elicited]]
+ELICIT: ContextVar[Elicit | None] = ContextVar("agentik_elicit", default=None)
 
 
 class ToolRegistry(Protocol):

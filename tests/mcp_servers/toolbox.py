@@ -18,7 +18,9 @@ Tools:
   calls in a file (across restarts of the server and of agentik); ``block(path)``: counts, hangs;
 - ``table(rows)``: structured content of any size;
 - ``grow(name)``: adds a tool ``name`` and notifies ``tools/list_changed``;
-- ``picture()``: an image content block; ``fetch.page(url)``: a name that needs sanitising.
+- ``picture()``: an image content block; ``fetch.page(url)``: a name that needs sanitising;
+- ``book(city)``: asks the client for a structured answer (an elicitation: ``nights``, ``late``)
+  and says what came back (accepted with its content, declined, cancelled).
 
 ``--crash-on-start`` makes the process exit with a message on stderr before serving, and
 ``--crash-once FILE`` does so only if FILE does not exist yet (it creates it): a server that fails
@@ -37,6 +39,7 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
 
 # A 1x1 transparent PNG.
 PNG = bytes.fromhex(
@@ -118,6 +121,19 @@ def build(name: str = "toolbox") -> MCPServer[Any]:
         """The ``_meta`` of this call's request, as JSON (a trace's ``traceparent`` rides in it)."""
         count()
         return json.dumps(dict(ctx.request_context.meta or {}))
+
+    class Booking(BaseModel):
+        nights: int = Field(description="how many nights")
+        late: bool = Field(default=False, description="a late arrival")
+
+    @server.tool()
+    async def book(city: str, ctx: Context) -> str:
+        """Book a room in ``city``: the client is asked how many nights (an elicitation)."""
+        count()
+        answer = await ctx.elicit(f"How many nights in {city}?", schema=Booking)
+        if answer.action == "accept":
+            return f"booked {answer.data.nights} nights in {city}, late={answer.data.late}"
+        return f"not booked: {answer.action}"
 
     @server.tool()
     def tally(path: str, ctx: Context) -> str:

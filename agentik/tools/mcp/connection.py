@@ -15,10 +15,10 @@ from typing import Any, Literal, TypeVar
 
 import mcp_types
 import trio
-from mcp.client.session import ClientSession, IncomingMessage
+from mcp.client.session import ClientRequestContext, ClientSession, IncomingMessage
 
 from agentik.errors import ToolError
-from agentik.tools.base import CALL_META, ToolOutcome
+from agentik.tools.base import CALL_META, ELICIT, Elicit, ToolOutcome
 from agentik.tools.config import ServerConfig, StdioServerConfig
 from agentik.tools.mcp.convert import describe, outcome_from_result
 from agentik.tools.mcp.transport import WatchedReadStream, open_transport
@@ -85,6 +85,9 @@ class McpConnection:
         self._stopping = False
         #: ends the running connection from the inside (set while one runs)
         self._stop_current: Callable[[], None] = _nothing
+        #: the calls in flight whose turn can ask a person (:meth:`_elicit`): (call id, ask,
+        #: the scope its questions are asked in, cancelled when the call ends)
+        self._asking: list[tuple[str | None, Elicit, trio.CancelScope]] = []
 
     @property
     def transport(self) -> Literal["stdio", "http"]:
@@ -101,14 +104,23 @@ class McpConnection:
             raise ToolError(f"server {self.name!r} is not connected{detail}")
         failure: str | None = None
         result: mcp_types.CallToolResult | None = None
+        meta, ask = CALL_META.get(), ELICIT.get()
+        asking = None if ask is None else ((meta or {}).get("agentik/call_id"), ask,
+                                           trio.CancelScope())
+        if asking is not None:
+            self._asking.append(asking)
         try:
             # (with traces on, the SDK puts the current span, the tool call's, in the request's
             # _meta as the MCP conventions say: the server continues the trace)
-            result = await session.call_tool(tool, arguments, meta=CALL_META.get())  # type: ignore[arg-type]
+            result = await session.call_tool(tool, arguments, meta=meta)  # type: ignore[arg-type]
         except* Exception as group:
             # MCPError (an error answer, "Connection closed"), transport errors (which the SDK
             # delivers as exception groups), a malformed result: the turn goes on with ToolFailed.
             failure = describe(group)
+        finally:
+            if asking is not None:  # a question it left open is cancelled
+                self._asking.remove(asking)
+                asking[2].cancel()
         if failure is not None or result is None:
             raise ToolError(f"tool {tool!r} of server {self.name!r} failed: {failure}")
         return outcome_from_result(result)
@@ -228,6 +240,7 @@ class McpConnection:
                 WatchedReadStream(read, closed),
                 write,
                 message_handler=self._on_message,
+                elicitation_callback=self._elicit,
                 client_info=_CLIENT_INFO,
             )
             async with session:
@@ -256,6 +269,28 @@ class McpConnection:
             # the HTTP transport failed): that is this connection's end.
             await closed.wait()
             tasks.cancel_scope.cancel()
+
+    async def _elicit(self, context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+                      ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        """An elicitation (docs/TOOLS.md): the server asks for a structured answer during a call;
+        the call's turn asks its person (a pause, ``input_requested`` with the schema) and the
+        answer goes back: accept with its content, decline, or cancel (the deadline passed,
+        the call or its turn ended). Which call asks: the one whose ``agentik/call_id`` the
+        request's ``_meta`` names, else the only call in flight that can ask; none (or several)
+        is an error answer. A URL-mode elicitation is declined (never shown)."""
+        named = (params.meta or {}).get("agentik/call_id") if params.meta else None
+        asking = [a for a in self._asking if named is None or a[0] == named]
+        if len(asking) != 1:
+            why = "no call of this server can ask a person now" if not asking else \
+                "several calls are in flight: name the call in _meta agentik/call_id"
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=why)
+        if not isinstance(params, mcp_types.ElicitRequestFormParams):
+            return mcp_types.ElicitResult(action="decline")
+        _, ask, scope = asking[0]
+        with scope:
+            answer = await ask(params.message, dict(params.requested_schema))
+            return mcp_types.ElicitResult(action=answer.action, content=answer.content)
+        return mcp_types.ElicitResult(action="cancel")  # the call ended first
 
     async def _on_message(self, message: IncomingMessage) -> None:
         # Runs in the session's own task: only flag the refresh, never call the session from here.
