@@ -2,11 +2,12 @@
 of tests/test_web_ui.py): the approval card (the tool, its arguments, Approve / Deny with a
 reason) and the question card (the question, its choices as buttons, a text box), shown from
 the events and, after a reload, from the snapshot; gone once answered, by this page or by
-another client."""
+another client; a tool server's form (an MCP elicitation)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import trio
 from agentik.tools.base import FunctionTools
 from tests.browser import BrowserThread, browser_for_module, needs_browser
 from tests.scripted_openai import Reply, ToolCalls
+from tests.test_elicitation import TOOLBOX
 from tests.test_web_ui import (
     ASSISTANT,
     open_conversation_id,
@@ -151,3 +153,40 @@ async def test_a_question_answered_here_and_one_answered_elsewhere(
             expect(page.locator(ASSISTANT).nth(1)).to_contain_text("Fine.")
 
         await s.run(gone)
+
+
+@needs_browser
+async def test_a_tool_servers_form_is_filled_in_the_page(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    """An MCP elicitation (tests/mcp_servers/toolbox.py ``book``) as a form: one field per
+    property of its schema; Send gives the structured answer, which the server accepts."""
+    mcp = tmp_path / "mcp.json"
+    mcp.write_text(json.dumps({"mcpServers": {"toolbox": {
+        "command": sys.executable, "args": [TOOLBOX]}}}))
+    async with open_stack(tmp_path, mcp_config=str(mcp)) as stack, \
+            open_session(browser_thread, stack.base) as s:
+        stack.openai.push(ToolCalls([("b1", "toolbox__book", '{"city": "Oslo"}')]),
+                          Reply("Booked."))
+        assert stack.server is not None
+        tools = stack.server.agent.tools  # the MCP server starts as a process of its own
+        with trio.fail_after(30):
+            await tools.wait_until(lambda: bool(tools.specs()))
+
+        def fill_in() -> None:
+            page = s.page("/")
+            wait_live(page)
+            send(page, "book Oslo")
+            card = page.locator(QUESTION)
+            expect(card.locator(".pause-title")).to_have_text("How many nights in Oslo?")
+            expect(card.get_by_test_id("answer-input")).to_have_count(0)  # a form instead
+            card.get_by_test_id("field-nights").fill("2")
+            card.get_by_test_id("field-late").check()
+            card.get_by_test_id("answer-send").click()
+            expect(card).to_have_count(0)
+            expect(page.locator(OUTCOME)).to_have_text('Answered: {"nights":2,"late":true}')
+            expect(page.locator(ASSISTANT)).to_contain_text("Booked.")
+
+        await s.run(fill_in)
+        assert tool_messages(stack.openai.requests[1]) == [
+            "booked 2 nights in Oslo, late=True"]
