@@ -4,13 +4,15 @@ JWKS file of their public halves, tokens signed with their private halves."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 from joserfc import jwt
-from joserfc.jwk import ECKey, KeySet, OctKey, OKPKey, RSAKey
+from joserfc.jwk import ECKey, KeySet, OKPKey, RSAKey
 
 ISSUER = "https://issuer.test"
 AUDIENCE = "agentik-test"
@@ -45,21 +47,22 @@ class Keys:
         return jwt.encode({"alg": alg, "kid": key.kid}, body, key, algorithms=[alg])
 
     def hs256_with_public_key(self, sub: str = "mallory") -> str:
-        """The classic confusion: HS256 whose secret is the RSA public key anyone can read."""
+        """The classic confusion: HS256 whose secret is the RSA public key anyone can read.
+        Signed with the standard library's HMAC: joserfc 1.8 refuses a public key as an oct key
+        (rightly), so it can no longer make the attacker's token."""
         public_pem = self.rsa.as_pem(private=False)
-        secret = OctKey.import_key(public_pem)
         now = int(time.time())
-        return jwt.encode(
-            {"alg": "HS256", "kid": "rsa-1"},
-            {"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "exp": now + 300, "role": "admin"},
-            secret, algorithms=["HS256"],
-        )
+        signing_input = _b64({"alg": "HS256", "kid": "rsa-1"}) + "." + _b64(
+            {"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "exp": now + 300, "role": "admin"})
+        mac = hmac.new(public_pem, signing_input.encode(), hashlib.sha256).digest()
+        return signing_input + "." + base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def _b64(obj: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
 
 
 def alg_none(sub: str = "mallory") -> str:
-    def b64(obj: dict[str, Any]) -> str:
-        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
-
     now = int(time.time())
-    return b64({"alg": "none", "typ": "JWT"}) + "." + b64(
+    return _b64({"alg": "none", "typ": "JWT"}) + "." + _b64(
         {"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "exp": now + 300, "role": "admin"}) + "."
