@@ -48,6 +48,8 @@ EVERY_VARIABLE = {
     "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:4318/v1/traces",
     "AGENTIK_TRACE_CONTENT": "1",
+    "AGENTIK_APPROVAL": "toolbox__delete_*, x__*", "AGENTIK_APPROVAL_TIMEOUT": "300",
+    "AGENTIK_ASK_USER": "1",
 }
 
 
@@ -93,6 +95,7 @@ def test_reads_every_variable() -> None:
     assert cfg.gc_threshold == 1000
     # the traces' own endpoint wins over the collector's base URL
     assert (cfg.trace_endpoint, cfg.trace_content) == ("http://traces:4318/v1/traces", True)
+    assert (cfg.approval_timeout, cfg.ask_user) == (300.0, True)
     assert (cfg.users_file, cfg.jwt_jwks, cfg.jwt_issuer, cfg.jwt_audience, cfg.jwt_role_claim) == (
         "/users.toml", "https://issuer.example/jwks.json", "https://issuer.example", "agentik",
         "realm_access.roles")

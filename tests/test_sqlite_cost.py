@@ -14,6 +14,7 @@ from agentik.storage import apply, ops
 from agentik.storage.sqlite.writer import Writer
 from agentik.storage.types import KINDS
 from agentik.wire import Text, UserItem, UserMessage, decode_common_event, encode
+from agentik.wire_pause import ApprovalAnswer, ApprovalRequest, InputAnswer, InputRequest
 from tests.test_pg_plan import TRICKY
 from tests.test_pg_plan import _ops as journal_ops
 from tests.test_storage_batch import _create, _send
@@ -246,6 +247,14 @@ def test_coded_columns_are_stored_as_their_text(tmp_path: Path) -> None:
     w.commit_batch([_create("c")])
     result = w.commit_batch([
         *journal_ops("c", "b"), _send("c", "queued-one"),
+        # a round's pauses and their answers (no turn: the turn rows below stay queued)
+        ops.AppendToolCalls(conversation_id="c", item=None, calls=(), pauses=(
+            ("p1", ApprovalRequest(call_id="9", tool="n", arguments="{}")),
+            ("p2", InputRequest(call_id="8", question="which?")))),
+        ops.AnswerPause(conversation_id="c", message_id="p3",
+                        answer=ApprovalAnswer(call_id="9", approve=True), resume=False),
+        ops.AnswerPause(conversation_id="c", message_id="p4",
+                        answer=InputAnswer(call_id="8", text="that"), resume=False),
         ops.PutA2ATask(task_id="t", context_id="x", conversation_id="c", state="working",
                        expect_seq=None, task=b"{}", update=b"{}"),
     ])
