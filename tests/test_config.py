@@ -49,7 +49,9 @@ EVERY_VARIABLE = {
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:4318/v1/traces",
     "AGENTIK_TRACE_CONTENT": "1",
     "AGENTIK_APPROVAL": "toolbox__delete_*, x__*", "AGENTIK_APPROVAL_TIMEOUT": "300",
-    "AGENTIK_ASK_USER": "1",
+    "AGENTIK_ASK_USER": "1", "AGENTIK_WEBHOOKS": "/webhooks.toml",
+    "AGENTIK_WEBHOOK_MAX_BACKOFF": "30", "AGENTIK_WEBHOOK_RETRY_FOR": "3600",
+    "AGENTIK_PUSH_ALLOW_PRIVATE": "1",
 }
 
 
@@ -96,6 +98,9 @@ def test_reads_every_variable() -> None:
     # the traces' own endpoint wins over the collector's base URL
     assert (cfg.trace_endpoint, cfg.trace_content) == ("http://traces:4318/v1/traces", True)
     assert (cfg.approval_timeout, cfg.ask_user) == (300.0, True)
+    assert (cfg.webhooks_file, cfg.webhook_max_backoff, cfg.webhook_retry_for) == (
+        "/webhooks.toml", 30.0, 3600.0)
+    assert cfg.push_allow_private
     assert (cfg.users_file, cfg.jwt_jwks, cfg.jwt_issuer, cfg.jwt_audience, cfg.jwt_role_claim) == (
         "/users.toml", "https://issuer.example/jwks.json", "https://issuer.example", "agentik",
         "realm_access.roles")
