@@ -174,7 +174,9 @@ async def test_a_node_whose_heartbeat_hangs_stops_its_actors_and_is_not_ready(
     token, auth being on); when the lock goes, the heartbeat completes: 200, a turn runs."""
     openai.default = Reply("fine")
     schema = pg_url.rsplit("%3D", 1)[1]
-    config = make_config(tmp_path, openai, database_url=pg_url, lease_ttl=1.0,
+    # 3 s, not 1: on a loaded 2-core machine a heartbeat (every TTL/5) can run 0.6 s late by
+    # itself, and the watchdog then rightly stopped the node again under the final turn
+    config = make_config(tmp_path, openai, database_url=pg_url, lease_ttl=3.0,
                          tokens=("s3cret",))
     auth = {"Authorization": "Bearer s3cret"}
     locker = psycopg.connect(PG_BASE_URL)  # a transaction stays open while it holds the lock
