@@ -46,6 +46,8 @@ SAVE_SKIPPED = 5.0
 TIMEOUT = 10.0
 #: seconds before a subscription's loop starts again after a storage failure
 RESTART = 1.0
+#: conversations whose agent is remembered (the agent filter), at most
+AGENTS_KEPT = 10_000
 
 
 class Deliveries:
@@ -63,6 +65,9 @@ class Deliveries:
         self._agents: dict[str, str] = {}
         #: this node delivers now (a cluster's one node: ``Storage.lead``)
         self.leading = False
+        #: the subscriptions following the outbox now (not those with nothing left to send)
+        self.active: set[str] = set()
+        self._stopped = trio.Event()  # set (and replaced) when one stops following
         metrics.WEBHOOK_LAG.set_function(self._lag)
 
     def _lag(self) -> float:
@@ -112,19 +117,33 @@ class Deliveries:
     async def _supervise(self, client: httpx2.AsyncClient, row: WebhookRow,
                          scope: trio.CancelScope) -> None:
         """One subscription's loop, started again from its stored progress after a failure."""
+        self.active.add(row.spec.id)
         with scope:
-            while True:
-                try:
-                    await _Subscription(self, client, row).run()
-                    return  # deleted
-                except StorageError as exc:
-                    log.warning("webhook %s: storage failed, going on in %s s: %s",
-                                row.spec.id, RESTART, exc)
-                await trio.sleep(RESTART)
-                found = await _read(self.storage, row.spec.id)
-                if found is None:
-                    return
-                row = found
+            try:
+                await self._follow(client, row)
+            finally:
+                self.active.discard(row.spec.id)
+                self._stopped.set()
+                self._stopped = trio.Event()
+
+    async def wait_stopped(self, webhook_id: str) -> None:
+        """Until the subscription no longer follows the outbox."""
+        while webhook_id in self.active:
+            await self._stopped.wait()
+
+    async def _follow(self, client: httpx2.AsyncClient, row: WebhookRow) -> None:
+        while True:
+            try:
+                await _Subscription(self, client, row).run()
+                return  # deleted, or nothing left to send
+            except StorageError as exc:
+                log.warning("webhook %s: storage failed, going on in %s s: %s",
+                            row.spec.id, RESTART, exc)
+            await trio.sleep(RESTART)
+            found = await _read(self.storage, row.spec.id)
+            if found is None:
+                return
+            row = found
 
     async def agent_of(self, common_cid: str | None) -> str | None:
         if common_cid is None:
@@ -139,6 +158,8 @@ class Deliveries:
     def saw(self, ev: StoredEvent) -> None:
         event = ev.event.event
         if isinstance(event, Created):
+            if len(self._agents) > AGENTS_KEPT:  # a cache: what is gone is read again
+                self._agents.clear()
             self._agents[event.conversation.id] = event.conversation.agent
 
 
@@ -164,7 +185,10 @@ class _Subscription:
         self.saved_at = trio.current_time()
 
     async def run(self) -> None:
-        """Until the subscription is deleted (returns) or storage fails (StorageError)."""
+        """Until the subscription is deleted or has nothing left to send (returns: an A2A push
+        config whose task ended and was sent), or storage fails (StorageError)."""
+        if self.spec.task_id is not None and await self._task_sent():
+            return
         if self.attempts:
             await trio.sleep(max(0.0, self.next_at - time.time()))
         storage = self.owner.storage
@@ -183,9 +207,15 @@ class _Subscription:
                 if not await self._lost(gap.oldest.offset):
                     return
 
+    async def _task_sent(self) -> bool:
+        """Whether the push config's task has ended and its last change is sent (a config does
+        not follow the outbox for ever: one a task, and tasks end)."""
+        row = await self.owner.storage.reader.get_a2a_task(self.spec.task_id or "")
+        return row is not None and row.state in webhooks.TASK_ENDED and row.seq <= self.after
+
     async def _one(self, ev: StoredEvent) -> bool:
         """``ev`` sent if the subscription wants it (until delivered or given up); False: the
-        subscription is gone."""
+        subscription is gone, or (a push config) its task's last change is sent."""
         self.owner.saw(ev)
         made = await self._body(ev)
         if made is None:
@@ -207,7 +237,9 @@ class _Subscription:
                 metrics.WEBHOOK_DELIVERIES.labels(line.outcome).inc()
                 self.after, self.attempts, self.since = ev.offset, 0, None
                 self.owner.failing.pop(self.spec.id, None)
-                return await self._store(line)
+                ended = isinstance(event := ev.event.event, TaskUpdated) and (
+                    event.state in webhooks.TASK_ENDED)
+                return await self._store(line) and not ended
             metrics.WEBHOOK_DELIVERIES.labels("failed").inc()
             self.since = self.since or now
             self.owner.failing[self.spec.id] = self.since

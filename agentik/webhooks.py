@@ -236,6 +236,12 @@ def check_events(events: object) -> tuple[str, ...]:
 # --- A2A push configs ---------------------------------------------------------------------------
 
 
+#: the A2A task states after which a task changes no more (its push configs have nothing left
+#: to send once they sent it)
+TASK_ENDED = frozenset({"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED",
+                        "TASK_STATE_REJECTED"})
+
+
 class Push(msgspec.Struct, frozen=True, kw_only=True):
     """What an A2A push config adds to its subscription: the token and the credentials its
     receiver asked for (sent with each notification)."""

@@ -36,7 +36,7 @@ async def test_a_config_given_with_the_message_gets_each_change_in_order(
     cfg: Config = make_config(tmp_path, openai, push_allow_private=True)
     openai.push(Reply("Paris."))
     with trio.fail_after(30):
-        async with open_receiver() as receiver, a2a_server(cfg) as (_, rpc):
+        async with open_receiver() as receiver, a2a_server(cfg) as (server, rpc):
             sent = await rpc.call("SendMessage", {
                 "message": message("Capital of France?"),
                 "configuration": {"taskPushNotificationConfig": push_config(
@@ -49,6 +49,8 @@ async def test_a_config_given_with_the_message_gets_each_change_in_order(
 
             await receiver.wait(done)
             listed = await rpc.call("ListTaskPushNotificationConfigs", {"taskId": task["id"]})
+            # its task ended and its last change is sent: the config stops following the outbox
+            await server.agent.webhooks.deliveries.wait_stopped(f"a2a/{task['id']}/p1")
     assert listed["configs"] == [{"id": "p1", "taskId": task["id"], **push_config(
         receiver.url + "/push")}]
     assert listed["nextPageToken"] == ""
