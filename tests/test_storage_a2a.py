@@ -204,8 +204,8 @@ def test_version_1_database_migrates_to_the_current_version_keeping_its_rows(
     conn.execute("INSERT INTO conversation VALUES ('c1', NULL, 0, 1.0, 1.0, 7)")
     conn.close()
     # v2 a2a_task, v3 idempotency_key, v4 tasks by conversation, v5 marks, v6 a conversation's
-    # agent, v7 users, v8 webhooks
-    assert SCHEMA_VERSION == 8
+    # agent, v7 users, v8 webhooks, v9 branch points
+    assert SCHEMA_VERSION == 9
     w = Writer(path, synchronous="FULL", outbox_cap=1000, outbox_ttl=3600)
     try:
         assert w.epoch == "e1" and w.next_seq == 8

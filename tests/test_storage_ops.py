@@ -857,6 +857,30 @@ async def _fork(st: Storage) -> None:
         await st.write(msgspec.structs.replace(again, title="a\x00b", idempotency=None))
 
 
+
+async def test_a_deleted_conversation_takes_its_tasks_push_configs(target: StorageTarget) -> None:
+    """Its A2A tasks go with it (``DeleteConversation``), and so do their push configs and their
+    logs; another conversation's and the admin routes' subscriptions stay."""
+    with trio.fail_after(30):
+        async with open_storage(target) as st:
+            for cid in ("c", "d"):
+                await create(st, cid)
+                await st.write(ops.PutA2ATask(task_id=f"t{cid}", context_id="x",
+                                              conversation_id=cid, state="working",
+                                              task=b"{}", update=b"{}", expect_seq=None))
+                push = msgspec.structs.replace(HOOK, id=f"a2a/t{cid}/p", task_id=f"t{cid}",
+                                               source="a2a")
+                await st.write(ops.PutWebhook(spec=push, after=0))
+                line = ops.WebhookAttempt(offset=1, type="task.updated", attempt=1,
+                                          outcome="delivered")
+                await st.write(ops.WebhookProgress(webhook_id=push.id, after=1, log=(line,)))
+            await st.write(ops.PutWebhook(spec=HOOK, after=0))
+            assert await st.write(ops.DeleteConversation(conversation_id="c")) is True
+            assert sorted(r.spec.id for r in await st.reader.webhooks()) == ["a2a/td/p", "h"]
+            assert await st.reader.webhook_deliveries("a2a/tc/p", 10) == []
+            assert len(await st.reader.webhook_deliveries("a2a/td/p", 10)) == 1
+
+
 # --- the runs (after every case is registered) -----------------------------------------------
 
 

@@ -124,7 +124,8 @@ class Target(Protocol[Rec]):
         any turn of a conversation gone."""
 
     def drop_conversation(self, conversation_id: str) -> None:
-        """The conversation's rows removed: journal, working memory, turns, A2A tasks."""
+        """The conversation's rows removed: journal, working memory, turns, A2A tasks and
+        their push configs."""
 
     def put_task(self, op: ops.PutA2ATask, seq: int) -> None: ...
 

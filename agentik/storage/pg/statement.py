@@ -84,10 +84,16 @@ _TURN_RUN = """tr AS (UPDATE turn SET state = r.state FROM c,
 _TURN_END = """td AS (DELETE FROM turn USING c
     WHERE (turn.conversation_id, turn.id) IN (SELECT * FROM unnest(%(td_cid)b::text[], %(td_id)b::text[]))
        OR turn.conversation_id = ANY(%(del)b::text[]))"""
-#: a deleted conversation's rows and A2A tasks (its outbox rows stay: they are the stream's
-#: history; the plan drops task upserts of the batch for it)
+#: a deleted conversation's rows and A2A tasks with their push configs and those configs' logs
+#: (its outbox rows stay: they are the stream's history; the plan drops task upserts of the
+#: batch for it). Each part sees the rows as they were before the statement.
 _DELETED = """dm AS (DELETE FROM message USING c WHERE message.conversation_id = ANY(%(del)b::text[])),
 da AS (DELETE FROM a2a_task USING c WHERE a2a_task.conversation_id = ANY(%(del)b::text[])),
+dh AS (DELETE FROM webhook USING c, a2a_task t
+    WHERE webhook.task_id = t.id AND t.conversation_id = ANY(%(del)b::text[])),
+dl AS (DELETE FROM webhook_delivery USING c, webhook w, a2a_task t
+    WHERE webhook_delivery.webhook_id = w.id AND w.task_id = t.id
+      AND t.conversation_id = ANY(%(del)b::text[])),
 dw AS (DELETE FROM working_memory USING c WHERE working_memory.conversation_id = ANY(%(del)b::text[])),
 dc AS (DELETE FROM conversation USING c WHERE conversation.id = ANY(%(del)b::text[])),
 od AS (DELETE FROM conv_owner USING c WHERE conv_owner.conversation_id = ANY(%(del)b::text[]))"""

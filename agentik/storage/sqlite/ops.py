@@ -241,6 +241,11 @@ class SqliteTarget:
                               (conversation_id,))
 
     def drop_conversation(self, conversation_id: str) -> None:
+        # its A2A tasks' push configs (docs/WEBHOOKS.md) and their logs go with the tasks
+        tasks = "SELECT id FROM a2a_task WHERE conversation_id=?"
+        self.conn.execute("DELETE FROM webhook_delivery WHERE webhook_id IN (SELECT id FROM "
+                          f"webhook WHERE task_id IN ({tasks}))", (conversation_id,))
+        self.conn.execute(f"DELETE FROM webhook WHERE task_id IN ({tasks})", (conversation_id,))
         for table in ("message", "working_memory", "turn", "a2a_task"):  # its A2A tasks go too
             self.conn.execute(f"DELETE FROM {table} WHERE conversation_id=?", (conversation_id,))
         self.conn.execute("DELETE FROM conversation WHERE id=?", (conversation_id,))
