@@ -182,3 +182,42 @@ async def test_the_native_send_takes_client_tools_in_its_context(
                 assert answered.status_code == 200
                 await stream.until("assistant_message")
             assert tool_results(scripted.requests[1]) == [("n1", "31 C")]
+
+
+async def test_an_approval_and_a_question_are_asked_and_the_next_message_answers(
+        tmp_path: Any, scripted: ScriptedOpenAI) -> None:
+    """In a conversation the caller keeps, a turn that waits for a person ends the answer with
+    what it asks; the caller's next message answers it (yes approves) and the turn goes on."""
+    runs: list[str] = []
+    tools = FunctionTools()
+    tools.add(lambda path: runs.append(path) or f"deleted {path}", name="delete_file",
+              parameters={"type": "object", "properties": {"path": {"type": "string"}}})
+    config = make_config(tmp_path, scripted, approval=("delete_*",), ask_user=True)
+    scripted.push(ToolCalls([("d1", "delete_file", '{"path": "a.txt"}')]), Reply("Deleted."),
+                  ToolCalls([("q1", "ask_user", '{"question": "Which file?"}')]),
+                  Reply(["Using ", "b.txt."]))
+    async with serve_app(config, tools=tools) as server:
+        client = aclient(server)
+        with trio.fail_after(30):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="default", messages=[user("delete a.txt")], store=True)
+            head = {CID: raw.headers[CID]}
+            asked = raw.parse().choices[0]
+            assert asked.finish_reason == "stop" and runs == []
+            assert asked.message.content == ('The tool delete_file is about to run with '
+                                             '{"path": "a.txt"}. Reply yes to approve it, or '
+                                             'no to refuse it (a reason may follow).')
+            history: list[Any] = [user("delete a.txt"),
+                                  {"role": "assistant", "content": asked.message.content}]
+            done = await client.chat.completions.create(
+                model="default", messages=[*history, user("yes")], extra_headers=head)
+            assert done.choices[0].message.content == "Deleted." and runs == ["a.txt"]
+            question = await client.chat.completions.create(
+                model="default", messages=[user("clean up")], extra_headers=head)
+            assert question.choices[0].message.content == "Which file?"
+            stream = await client.chat.completions.create(
+                model="default", messages=[user("b.txt")], extra_headers=head, stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in stream
+                            if c.choices])
+            assert text == "Using b.txt."
+            assert tool_results(scripted.requests[-1])[-1] == ("q1", "b.txt")

@@ -13,7 +13,8 @@ first token cannot be missed), sends the message, reports the turn's id through
   (the turn's stored Error, or the conversation closed), :class:`Cancelled` (interrupted), or
   :class:`ClientCalls`: the turn waits for the results of the caller's own tools (each of its
   client-side tool calls still without a result, read from the journal), which a later request
-  answers; :func:`follow_turn` then follows the turn on from there.
+  answers; :func:`follow_turn` then follows the turn on from there; or, when the follower is
+  told to (``ask``), :class:`PersonAsks`: the turn waits for a person's approval or answer.
 
 A send the agent refuses (busy, full mailbox, bad content, unknown conversation) raises before
 ``started``, so the caller answers the request with that error.
@@ -46,6 +47,7 @@ from agentik.wire import (
     End,
     InputRequest,
     MessageContext,
+    Pause,
     ToolCall,
     TurnTokens,
     Working,
@@ -93,9 +95,16 @@ class ClientCalls:
     calls: list[ToolUse]
 
 
-TurnEvent = TextDelta | ToolUse | Finished | Failed | Cancelled | ClientCalls
-#: the events that end a followed turn (for now: ClientCalls, until its results are answered)
-ENDINGS = (Finished, Failed, Cancelled, ClientCalls)
+@dataclass(frozen=True)
+class PersonAsks:
+    """The turn waits for a person (an approval, a question): the first pause still open."""
+
+    request: Pause
+
+
+TurnEvent = TextDelta | ToolUse | Finished | Failed | Cancelled | ClientCalls | PersonAsks
+#: the events that end a followed turn (for now: ClientCalls and PersonAsks, until answered)
+ENDINGS = (Finished, Failed, Cancelled, ClientCalls, PersonAsks)
 
 
 class _Online:
@@ -110,6 +119,8 @@ class _Online:
         self.woken = trio.Event()
         #: the text now arriving is this turn's (between its Working and its End)
         self.mine = False
+        #: a pause for a person ends the following (PersonAsks)
+        self.ask = False
 
     def wake(self) -> None:
         self.woken.set()
@@ -151,16 +162,18 @@ async def run_turn(
     *,
     branch: tuple[str, str] | None = None,
     ended: list[TurnEvent] | None = None,
+    ask: bool = False,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """See the module docstring. Closes ``out`` when done; an error after the send (storage
     failed, the stream lost its place) is reported as a :class:`Failed`. ``branch``: an edit
     or a regenerate of that user message rather than a send (``OpenAiService.start_turn``).
     The ending is put on ``ended`` as it is sent (it is known there even when the follower is
-    cancelled then)."""
+    cancelled then); ``ask``: a pause for a person ends it too (:class:`PersonAsks`)."""
     async with out:
         cursor = await agent.outbox.current_cursor()
         online = _Online()
+        online.ask = ask
         sub = agent.online_outbox.subscribe(conversation_id, online.wake)
         try:
             if branch is None:
@@ -179,18 +192,28 @@ async def run_turn(
 async def follow_turn(
     agent: LocalAgent, conversation_id: str, turn_id: str, cursor: Cursor,
     out: trio.MemorySendChannel[TurnEvent],
-    *, ended: list[TurnEvent] | None = None,
+    *, ended: list[TurnEvent] | None = None, ask: bool = False, check_from: int | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """As :func:`run_turn` for a turn already running (its client-side calls were just
-    answered): followed from ``cursor`` (taken before the answers) to its ending."""
+    """As :func:`run_turn` for a turn already running (what it waited on was just answered):
+    followed from ``cursor`` (taken before the answers) to its ending; first, what it still
+    waits on (its journal from ``check_from``, its user message: no new pause event comes for
+    one stored already) ends it at once."""
+    ended = [] if ended is None else ended
     async with out:
         online = _Online()
+        online.ask = ask
         online.turn_id = turn_id
         sub = agent.online_outbox.subscribe(conversation_id, online.wake)
         online.mine = True  # it runs already: its text until its End is its own
         try:
             task_status.started(turn_id)
+            if check_from is not None and (
+                    waiting := await waits_on(agent, conversation_id, turn_id, check_from, {},
+                                              ask)) is not None:
+                ended.append(waiting)
+                await out.send(waiting)
+                return
             await _follow(agent, conversation_id, cursor, online, sub, out, ended)
         finally:
             sub.close()
@@ -211,19 +234,20 @@ async def _follow(agent: LocalAgent, cid: str, cursor: Cursor, online: _Online,
         await out.send(ended[-1])
 
 
-async def client_calls(agent: LocalAgent, cid: str, turn_id: str | None, seq: int,
-                       calls: dict[str, ToolCall]) -> ClientCalls | None:
-    """The turn's client-side calls still without a result (its journal from ``seq``, its
-    first pause seen), None when there are none; ``calls``: the turn's calls seen so far."""
+async def waits_on(agent: LocalAgent, cid: str, turn_id: str | None, seq: int,
+                   calls: dict[str, ToolCall], ask: bool) -> ClientCalls | PersonAsks | None:
+    """What the turn waits on, from its journal from ``seq`` (its first pause seen): the
+    client-side calls still without a result; else (with ``ask``) the first pause for a person
+    still open; else None. ``calls``: the turn's calls seen so far."""
     records = await turn_records(agent, cid, seq)
-    waiting = [p for p in open_pauses(records, turn_id)
-               if isinstance(p, InputRequest) and p.tool is not None]
-    if not waiting:
-        return None
+    waiting = open_pauses(records, turn_id)
+    client = [p for p in waiting if isinstance(p, InputRequest) and p.tool is not None]
+    if not client:
+        return PersonAsks(waiting[0]) if ask and waiting else None
     for record in records:  # (calls of a round are stored before its pauses: seen already)
         if isinstance(record.message, ToolCall):
             calls.setdefault(record.message.call_id, record.message)
-    uses = [ToolUse(c.call_id, c.name, c.arguments) for p in waiting
+    uses = [ToolUse(c.call_id, c.name, c.arguments) for p in client
             if (c := calls.get(p.call_id)) is not None]
     return ClientCalls(uses)
 
@@ -243,8 +267,8 @@ async def _durable(
                 calls[call.call_id] = call
                 await out.send(ToolUse(call.call_id, call.name, call.arguments))
                 continue
-            case PauseStep(request=InputRequest(tool=str()), seq=seq):
-                waiting = await client_calls(agent, cid, turn_id, seq, calls)
+            case PauseStep(seq=seq):
+                waiting = await waits_on(agent, cid, turn_id, seq, calls, online.ask)
                 if waiting is None:
                     continue
                 await online.stop()

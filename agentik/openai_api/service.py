@@ -155,30 +155,34 @@ class OpenAiService:
 
     async def start_turn(
         self, conversation_id: str, content: list[Content], context: MessageContext | None,
-        *, delete_after: bool, branch: tuple[str, str] | None = None,
+        *, delete_after: bool, branch: tuple[str, str] | None = None, ask: bool = False,
     ) -> TurnRun:
         """Send the message and follow its turn in the service's nursery. The agent's refusal of
         the send (busy, full mailbox, bad content, unknown conversation) is raised here; with
         ``delete_after`` the conversation is deleted once the turn is over (or refused), not
         while it waits for the results of client-side tools (a later request answers them).
         ``branch``: the turn is an edit of (the message is a new version of) or a regenerate of
-        (the message is not sent again) that user message ("edit" | "regenerate", its id)."""
+        (the message is not sent again) that user message ("edit" | "regenerate", its id).
+        ``ask``: a pause for a person ends the following too (a named conversation's: the
+        caller's next message answers it)."""
         send, recv = trio.open_memory_channel[TurnEvent](EVENT_BUFFER)
         scope = trio.CancelScope()
         run = partial(self._run, conversation_id, scope, delete_after,
                       partial(run_turn, self.agent, conversation_id, content, context, send,
-                              branch=branch))
+                              branch=branch, ask=ask))
         turn_id: str = await self._nursery.start(run)
         return TurnRun(turn_id=turn_id, events=recv, scope=scope)
 
-    async def follow(self, conversation_id: str, turn_id: str, cursor: Cursor,
-                     *, delete_after: bool) -> TurnRun:
-        """Follow a running turn from ``cursor`` (its client-side calls were just answered), as
-        :meth:`start_turn` follows a new one."""
+    async def follow(self, conversation_id: str, turn_id: str, cursor: Cursor, check_from: int,
+                     *, delete_after: bool, ask: bool) -> TurnRun:
+        """Follow a running turn from ``cursor`` (what it waited on was just answered), as
+        :meth:`start_turn` follows a new one; first, what it still waits on (its journal from
+        ``check_from``) ends it at once."""
         send, recv = trio.open_memory_channel[TurnEvent](EVENT_BUFFER)
         scope = trio.CancelScope()
         run = partial(self._run, conversation_id, scope, delete_after,
-                      partial(follow_turn, self.agent, conversation_id, turn_id, cursor, send))
+                      partial(follow_turn, self.agent, conversation_id, turn_id, cursor, send,
+                              ask=ask, check_from=check_from))
         await self._nursery.start(run)
         return TurnRun(turn_id=turn_id, events=recv, scope=scope)
 

@@ -25,6 +25,7 @@ from agentik.openai_api.follow import (
     ClientCalls,
     Failed,
     Finished,
+    PersonAsks,
     TextDelta,
     TurnEvent,
 )
@@ -45,7 +46,7 @@ from agentik.openai_api.types import (
     encode,
 )
 from agentik.sse import SSE_TYPE, PumpBody, frame
-from agentik.wire import TurnTokens
+from agentik.wire import ApprovalRequest, Pause, TurnTokens
 
 DONE = b"data: [DONE]\n\n"
 
@@ -88,7 +89,17 @@ def call_id_in(given: str) -> tuple[str, str | None]:
     return (call_id, conversation_id) if sep and call_id and conversation_id else (given, None)
 
 
-async def ending_of(run: TurnRun) -> Finished | Failed | Cancelled | ClientCalls:
+def ask_text(request: Pause) -> str:
+    """What the answer says when its turn waits for a person (``PersonAsks``): the question, or
+    the approval asked; the caller's next message answers it (docs/OPENAI.md)."""
+    if isinstance(request, ApprovalRequest):
+        return (f"The tool {request.tool} is about to run with {request.arguments or '{}'}. "
+                "Reply yes to approve it, or no to refuse it (a reason may follow).")
+    choices = f" ({' / '.join(request.choices)})" if request.choices else ""
+    return request.question + choices
+
+
+async def ending_of(run: TurnRun) -> Finished | Failed | Cancelled | ClientCalls | PersonAsks:
     """Read a run's events to its ending (the live text is not needed: the answer is whole)."""
     async with run.events:
         async for event in run.events:
@@ -97,7 +108,12 @@ async def ending_of(run: TurnRun) -> Finished | Failed | Cancelled | ClientCalls
     return Failed(message="the turn's events ended without an ending", code="internal")
 
 
-def completion(run: TurnRun, model: str, end: Finished | ClientCalls) -> ChatCompletion:
+def completion(run: TurnRun, model: str, end: Finished | ClientCalls | PersonAsks
+               ) -> ChatCompletion:
+    if isinstance(end, PersonAsks):
+        choice = Choice(message=AssistantOut(content=ask_text(end.request)), finish_reason="stop")
+        return ChatCompletion(id=f"chatcmpl-{run.turn_id}", created=int(time.time()),
+                              model=model, choices=[choice], usage=usage_of(None))
     if isinstance(end, ClientCalls):
         calls = [ToolCallOut(id=call_id_out(c.call_id, run.ids_for),
                              function=FunctionCall(name=c.name, arguments=c.arguments))
@@ -158,6 +174,9 @@ class _ChunkBody(PumpBody):
     def _frames(self, event: TurnEvent) -> list[bytes]:
         if isinstance(event, TextDelta):
             return [self._chunk(Delta(content=event.text))]
+        if isinstance(event, PersonAsks):
+            return [self._chunk(Delta(content=ask_text(event.request))),
+                    self._chunk(Delta(), "stop")]
         if isinstance(event, Finished):
             out = [self._chunk(Delta(content=event.rest))] if event.rest else []
             out.append(self._chunk(Delta(), finish_reason(event)))

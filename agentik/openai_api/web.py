@@ -8,12 +8,14 @@ Every answer of these routes is OpenAI's shape, errors included: ``{"error": {"m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
 import msgspec
 from quart import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
+from agentik.a2a.pauses import yes_or_no
 from agentik.errors import (
     AgentikError,
     ConflictError,
@@ -36,17 +38,20 @@ from agentik.openai_api.types import (
     decode_chat_request,
     encode,
 )
-from agentik.turns import open_pauses
+from agentik.turns import ending_in, open_pauses
 from agentik.web._state import principal, scope, state
 from agentik.web.errors import headers_of
 from agentik.web.http import read_body
 from agentik.wire import (
+    ApprovalRequest,
     ClientTool,
     Content,
-    ConversationRecord,
     InputRequest,
     MessageContext,
     MessageOrigin,
+    MessageRecord,
+    Pause,
+    UserMessage,
 )
 
 bp = Blueprint("agentik_openai", __name__)
@@ -175,13 +180,6 @@ def _given_conversation(req: ChatRequest) -> str | None:
     return (req.metadata or {}).get(METADATA_KEY) or None
 
 
-async def _record(conversation_id: str, user: str | None) -> ConversationRecord:
-    conv = await state().require_agent().get_conversation(conversation_id, user=user)
-    if conv is None:
-        raise NotFoundError(f"conversation {conversation_id!r} not found")
-    return conv.record
-
-
 def _tools_of(req: ChatRequest) -> list[ClientTool] | None:
     """The request's client-side tools (``tools``), checked before anything is stored."""
     own = {t.name for t in state().require_agent().agent_tools(req.model)} | {"ask_user"}
@@ -211,6 +209,7 @@ async def _answer_calls(req: ChatRequest, answers: list[chat.ToolAnswer]
         raise ConflictError(f"conversation {cid!r} belongs to another model (agent)")
     asked = {r.message.call_id: r.message for r in snapshot.messages
              if isinstance(r.message, InputRequest) and r.message.tool is not None}
+    seqs = {r.id: r.seq for r in snapshot.messages}
     unknown = [c for c in results if c not in asked]
     if unknown:
         raise NotFoundError(f"no client-side tool call {unknown[0]!r} in conversation {cid!r}")
@@ -226,10 +225,44 @@ async def _answer_calls(req: ChatRequest, answers: list[chat.ToolAnswer]
     for call_id in sorted(waiting, key=list(results).index):
         await agent.answer(cid, call_id, results[call_id], user=scope())
     assert turn_id is not None
+    temporal = snapshot.conversation.is_temporal
     run = await mount_state().require().follow(
-        cid, turn_id, cursor, delete_after=snapshot.conversation.is_temporal)
+        cid, turn_id, cursor, seqs.get(turn_id, 1), delete_after=temporal, ask=not temporal)
     run.ids_for = None if given else cid
     return run, None if snapshot.conversation.is_temporal else cid
+
+
+def _waiting(records: Sequence[MessageRecord]) -> tuple[str, int, Pause] | None:
+    """The conversation's last turn, when it waits for a person: (its id, its first seq, the
+    first pause still open). Raises ConflictError when it waits for client-side results."""
+    last = next((r for r in reversed(records) if isinstance(r.message, UserMessage)), None)
+    if last is None or ending_in(records, last.id) is not None:
+        return None
+    waiting = open_pauses(records, last.id)
+    if any(isinstance(p, InputRequest) and p.tool is not None for p in waiting):
+        raise ConflictError("the conversation's turn waits for the results of client-side "
+                            "tool calls: send them as tool messages")
+    return (last.id, last.seq, waiting[0]) if waiting else None
+
+
+async def _answer_person(cid: str, new: list[Content], turn_id: str, seq: int, pause: Pause
+                         ) -> TurnRun:
+    """A new message while the conversation's turn waits for a person is the answer: to a
+    question, its text; to an approval, yes approves, no refuses (with the reason after it),
+    any other text refuses with it as the reason. The turn is followed on from there."""
+    agent = state().require_agent()
+    text = chat.entry_of("user", new).text
+    cursor = await agent.outbox.current_cursor()
+    try:
+        if isinstance(pause, ApprovalRequest):
+            approve, reason = yes_or_no(text) or (False, text)
+            await agent.approve(cid, pause.call_id, approve, reason, user=scope())
+        else:
+            await agent.answer(cid, pause.call_id, text, user=scope())
+    except ConflictError:
+        pass  # another client answered first: the turn goes on all the same
+    return await mount_state().require().follow(cid, turn_id, cursor, seq, delete_after=False,
+                                                ask=True)
 
 
 async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
@@ -253,17 +286,17 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
                                                agent=req.model, owner=who.user)
         given = conv.id
     if given is not None:
-        # Only the new message: the conversation's record is enough (no history to check).
         user = scope()  # another user's conversation answers as an unknown one
-        snapshot = None if not history and not whole else await agent.chat_snapshot(
-            given, user=user)
-        record = snapshot.conversation if snapshot is not None else await _record(given, user)
-        owner = agent.agent_of(record.agent)
+        snapshot = await agent.chat_snapshot(given, user=user)
+        owner = agent.agent_of(snapshot.conversation.agent)
         if owner != req.model:
             raise ConflictError(f"conversation {given!r} belongs to the model (agent) {owner!r}, "
                                 f"not {req.model!r}")
+        waiting = _waiting(snapshot.messages)
+        if waiting is not None:  # the new message answers what its turn asks
+            return await _answer_person(given, new, *waiting), given
         branch: tuple[str, str] | None = None
-        if snapshot is None or not snapshot.messages:  # none, or a fresh one: seeded
+        if not snapshot.messages:  # a fresh one: seeded
             content, context = chat.seed_content(history, new, origin)
         else:
             if not chat.history_matches(history, chat.transcript(snapshot.messages),
@@ -280,14 +313,14 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
             context = MessageContext(origin=MessageOrigin(kind="user"),
                                      metadata={"openai_api": origin})
         run = await service.start_turn(given, content, _with(context, tools),
-                                       delete_after=False, branch=branch)
+                                       delete_after=False, branch=branch, ask=True)
         return run, given
     keep = bool(req.store)
     conv = await agent.create_conversation(temp=not keep, title="OpenAI chat completion",
                                            agent=req.model, owner=who.user)
     content, context = chat.seed_content(history, new, origin)
     run = await service.start_turn(conv.id, content, _with(context, tools),
-                                   delete_after=not keep)
+                                   delete_after=not keep, ask=keep)
     run.ids_for = conv.id  # the caller named none: the calls' ids name it
     return run, conv.id if keep else None
 
