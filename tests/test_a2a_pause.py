@@ -4,13 +4,16 @@ question (or the tool and its arguments, and a data part) as its status message;
 message on the task answers it and the task completes; both with a2a-sdk's own client. Also:
 a plain "no, <reason>" refuses, a follow-up that is no answer asks again, two pauses of one round
 are asked one after the other, a paused task across a restart is still INPUT_REQUIRED and
-answerable, and cancelling it interrupts the waiting turn."""
+answerable, cancelling it interrupts the waiting turn, and a tool server's question (an MCP
+elicitation) is answered by a data part."""
 
 # ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +27,9 @@ from google.protobuf import json_format
 from agentik.a2a.pauses import answer_of, yes_or_no
 from agentik.a2a.types import Message, Part
 from agentik.wire import ApprovalAnswer, ApprovalRequest, InputAnswer, InputRequest
-from tests.scripted_openai import ScriptedOpenAI
+from tests.scripted_openai import Reply, ScriptedOpenAI, ToolCalls
 from tests.test_a2a import STREAM_LIMIT, V1, Rpc, message, texts
+from tests.test_elicitation import TOOLBOX
 from tests.test_pause import ASK, DELETE, Tool, model
 from tests.webutil import make_config, openai, serve_app  # noqa: F401 - fixtures by name
 
@@ -202,3 +206,32 @@ def test_the_answers_a_follow_up_gives() -> None:
     schema = InputRequest(call_id="e1", question="?", schema={"type": "object"}, turn_id="u")
     assert answer_of(schema, msg(Part(data={"n": 1}))) == InputAnswer(call_id="e1",
                                                                       data={"n": 1})
+
+
+async def test_a_tool_servers_question_is_asked_and_a_data_part_answers_it(
+        tmp_path: Path, openai: ScriptedOpenAI) -> None:
+    """An MCP elicitation (tests/mcp_servers/toolbox.py ``book``) over A2A: INPUT_REQUIRED with
+    its message as text and its schema in the data part; a follow-up's data part is the
+    structured answer the server accepts."""
+    mcp = tmp_path / "mcp.json"
+    mcp.write_text(json.dumps({"mcpServers": {"toolbox": {
+        "command": sys.executable, "args": [TOOLBOX]}}}))
+    config = make_config(tmp_path, openai, mcp_config=str(mcp))
+    openai.push(ToolCalls([("b1", "toolbox__book", '{"city": "Oslo"}')]), Reply("Booked."))
+    async with serve_app(config) as server, \
+            httpx2.AsyncClient(base_url=server.url, timeout=30) as http:
+        tools = server.agent.tools
+        rpc = Rpc(http)
+        with trio.fail_after(STREAM_LIMIT):
+            await tools.wait_until(lambda: bool(tools.specs()))
+            task = (await rpc.call("SendMessage", {"message": message("book Oslo")}))["task"]
+            assert task["status"]["state"] == INPUT_REQUIRED
+            text, data = task["status"]["message"]["parts"]
+            assert text["text"] == "How many nights in Oslo?"
+            assert data["data"]["schema"]["properties"]["nights"]["type"] == "integer"
+            done = (await rpc.call("SendMessage", {"message": {
+                "role": "ROLE_USER", "messageId": "m2", "taskId": task["id"],
+                "parts": [{"data": {"nights": 2}}]}}))["task"]
+            assert done["status"]["state"] == "TASK_STATE_COMPLETED"
+        assert openai.requests[1]["messages"][-1]["content"] == \
+            "booked 2 nights in Oslo, late=False"
