@@ -260,10 +260,9 @@ class _Subscription:
         if found is None:
             return None
         kind, data = found
-        if self.spec.agent is not None:
+        agent = data.get("agent")  # the events that carry it (created, deleted), else looked up
+        if self.spec.agent is not None and agent is None:
             agent = await self.owner.agent_of(data.get("conversation_id"))
-        else:
-            agent = None
         if not webhooks.wants(self.spec, kind, data.get("conversation_id"), agent):
             return None
         at = webhooks.event_time(common) or time.time()

@@ -82,7 +82,8 @@ EVENT_TYPES: dict[str, tuple[str, Callable[[Event], Data | None]]] = {
     "created": ("conversation.created", lambda e: {
         "agent": e.conversation.agent, "title": e.conversation.title} if isinstance(
             e, Created) else None),
-    "deleted": ("conversation.deleted", lambda e: {} if isinstance(e, Deleted) else None),
+    "deleted": ("conversation.deleted", lambda e: {"agent": e.agent} if isinstance(
+        e, Deleted) else None),
     "approval_requested": ("approval.requested", _fields),
     "input_requested": ("input.requested", _fields),
 }

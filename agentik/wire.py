@@ -299,6 +299,8 @@ class Created(Tagged, frozen=True, kw_only=True):
 
 class Deleted(Tagged, frozen=True, kw_only=True):
     conversation_id: str
+    #: the agent it belonged to (a reader that knew nothing of it can still filter by agent)
+    agent: str | None = None
 
 
 class Renamed(Tagged, frozen=True, kw_only=True):

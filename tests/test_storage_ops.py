@@ -30,6 +30,7 @@ from agentik.wire import (
     AssistantItem,
     AssistantMessage,
     BranchPoint,
+    Deleted,
     Error,
     InputAnswer,
     InputRequest,
@@ -187,6 +188,11 @@ async def _delete(st: Storage) -> None:
     assert [(e.kind, e.type) for e in (await events(st))[-2:]] == [
         ("conversation", "conversation_closing"), ("agent", "deleted")]
     assert await st.write(ops.DeleteConversation(conversation_id="c")) is False
+    # the Deleted event names the agent the conversation belonged to
+    await st.write(ops.CreateConversation(conversation_id="s", title=None, is_temporal=False,
+                                          system_prompt="sys", agent="support"))
+    await st.write(ops.DeleteConversation(conversation_id="s"))
+    assert (await events(st))[-1].event.event == Deleted(conversation_id="s", agent="support")
 
 
 @case(ops.RenameConversation, "conversation_id", "title")

@@ -289,3 +289,26 @@ async def test_the_python_client_and_the_in_process_agent_answer_alike(
             await local.delete(made.id)
         with pytest.raises(InvalidInputError):
             await remote.webhooks.deliveries_of(other.id, limit=0)
+
+
+async def test_an_agent_filter_knows_a_deleted_conversations_agent_after_a_restart(
+    tmp_path: Any, openai: ScriptedOpenAI, engine: str | None
+) -> None:
+    """A conversation made before the subscription and a restart, deleted after them: its
+    ``deleted`` event names its agent, so a subscription to that agent's events gets it (the
+    conversation is gone by the time its event is sent: nothing else could tell)."""
+    cfg = make_config(tmp_path, openai)
+    with trio.fail_after(30):
+        async with open_receiver() as receiver:
+            async with serve_app(cfg) as server, httpx2.AsyncClient(
+                    base_url=server.url, timeout=10) as client:
+                cid = await create(client)  # before the subscription: its created is not seen
+                await subscribe(client, receiver.url + "/in", agent="default",
+                                events=["conversation.deleted"])
+            async with serve_app(cfg) as server, httpx2.AsyncClient(
+                    base_url=server.url, timeout=10) as client:
+                assert (await client.delete(f"/agentik/conversations/{cid}")).status_code == 204
+                await receiver.wait(lambda r: len(r.accepted) >= 1)
+    body = msgspec.json.decode(receiver.accepted[0].body)
+    assert body["type"] == "conversation.deleted"
+    assert body["data"] == {"conversation_id": cid, "agent": "default"}

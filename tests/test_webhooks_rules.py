@@ -58,8 +58,8 @@ def test_each_event_type_and_its_data() -> None:
                               updated_at=1.0, seq=7, agent="a")
     assert webhooks.webhook_event(common(Created(conversation=conv), None)) == (
         "conversation.created", {"conversation_id": "x", "agent": "a", "title": "T"})
-    assert webhooks.webhook_event(common(Deleted(conversation_id="x"), None)) == (
-        "conversation.deleted", {"conversation_id": "x"})
+    assert webhooks.webhook_event(common(Deleted(conversation_id="x", agent="a"), None)) == (
+        "conversation.deleted", {"conversation_id": "x", "agent": "a"})
     assert webhooks.webhook_event(common(Renamed(conversation_id="x", title=None,
                                                  updated_at=1.0))) is None
     assert set(webhooks.WEBHOOK_TYPES) >= {"turn.completed", "turn.failed", "approval.requested",

@@ -72,8 +72,8 @@ def touch(t: Target[Rec], cid: str) -> None:
 
 def delete(t: Target[Rec], cid: str, reason: str) -> None:
     t.emit(t.alloc(), cid, ConversationClosing(reason=reason))
-    t.drop_conversation(cid)
-    t.emit(t.alloc(), cid, Deleted(conversation_id=cid))
+    agent = t.drop_conversation(cid)
+    t.emit(t.alloc(), cid, Deleted(conversation_id=cid, agent=agent))
 
 
 def idempotent(t: Target[Rec], idem: ops.Idempotency | None, result_id: str,

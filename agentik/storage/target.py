@@ -123,9 +123,9 @@ class Target(Protocol[Rec]):
         """The running turns of one conversation or of all removed (after ``open_turns``), and
         any turn of a conversation gone."""
 
-    def drop_conversation(self, conversation_id: str) -> None:
+    def drop_conversation(self, conversation_id: str) -> str:
         """The conversation's rows removed: journal, working memory, turns, A2A tasks and
-        their push configs."""
+        their push configs; returns the agent it belonged to."""
 
     def put_task(self, op: ops.PutA2ATask, seq: int) -> None: ...
 

@@ -161,8 +161,10 @@ class PgTarget:
     def drop_turns(self, conversation_id: str | None) -> None:
         self.p.turns_deleted.extend(self._recovered.pop(conversation_id, []))
 
-    def drop_conversation(self, conversation_id: str) -> None:
+    def drop_conversation(self, conversation_id: str) -> str:
+        agent = self.p.require(conversation_id).agent
         self.p.drop(conversation_id)
+        return agent
 
     def put_task(self, op: ops.PutA2ATask, seq: int) -> None:
         p = self.p

@@ -240,7 +240,9 @@ class SqliteTarget:
             self.conn.execute(f"DELETE FROM turn WHERE conversation_id = ? AND {gone}",
                               (conversation_id,))
 
-    def drop_conversation(self, conversation_id: str) -> None:
+    def drop_conversation(self, conversation_id: str) -> str:
+        row = self.conn.execute("SELECT agent FROM conversation WHERE id=?",
+                                (conversation_id,)).fetchone()
         # its A2A tasks' push configs (docs/WEBHOOKS.md) and their logs go with the tasks
         tasks = "SELECT id FROM a2a_task WHERE conversation_id=?"
         self.conn.execute("DELETE FROM webhook_delivery WHERE webhook_id IN (SELECT id FROM "
@@ -250,6 +252,7 @@ class SqliteTarget:
             self.conn.execute(f"DELETE FROM {table} WHERE conversation_id=?", (conversation_id,))
         self.conn.execute("DELETE FROM conversation WHERE id=?", (conversation_id,))
         self.tx.seqs.pop(conversation_id, None)
+        return str(row[0]) if row else "default"
 
     def put_task(self, op: ops.PutA2ATask, seq: int) -> None:
         self.conn.execute(
