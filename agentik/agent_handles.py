@@ -59,6 +59,14 @@ class Journal:
             return []
         return await reader.journal(conversation_id, after_seq, up_to_seq, limit)
 
+    async def waiting(self, conversation_id: str, *, user: str | None = None
+                      ) -> tuple[str, int] | None:
+        """The conversation's turn that waits for a person (docs/PROTOCOL.md, "A person in the
+        loop"), if any: (its id, its user message's seq); None also for another user's."""
+        if not await self._users.owns(conversation_id, user):
+            return None
+        return await self._deps.storage.reader.waiting_turn(conversation_id)
+
     async def count(
         self, conversation_id: str | None = None, after_seq: int = 0, *, user: str | None = None
     ) -> int:

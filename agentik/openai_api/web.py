@@ -8,7 +8,6 @@ Every answer of these routes is OpenAI's shape, errors included: ``{"error": {"m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, cast
 
 import msgspec
@@ -38,7 +37,7 @@ from agentik.openai_api.types import (
     decode_chat_request,
     encode,
 )
-from agentik.turns import ending_in, open_pauses
+from agentik.turns import open_pauses, turn_records
 from agentik.web._state import principal, scope, state
 from agentik.web.errors import headers_of
 from agentik.web.http import read_body
@@ -46,12 +45,11 @@ from agentik.wire import (
     ApprovalRequest,
     ClientTool,
     Content,
+    ConversationRecord,
     InputRequest,
     MessageContext,
     MessageOrigin,
-    MessageRecord,
     Pause,
-    UserMessage,
 )
 
 bp = Blueprint("agentik_openai", __name__)
@@ -232,17 +230,26 @@ async def _answer_calls(req: ChatRequest, answers: list[chat.ToolAnswer]
     return run, None if snapshot.conversation.is_temporal else cid
 
 
-def _waiting(records: Sequence[MessageRecord]) -> tuple[str, int, Pause] | None:
-    """The conversation's last turn, when it waits for a person: (its id, its first seq, the
-    first pause still open). Raises ConflictError when it waits for client-side results."""
-    last = next((r for r in reversed(records) if isinstance(r.message, UserMessage)), None)
-    if last is None or ending_in(records, last.id) is not None:
+async def _waiting(cid: str) -> tuple[str, int, Pause] | None:
+    """The conversation's turn, when it waits for a person: (its id, its user message's seq,
+    the first pause still open). Raises ConflictError when it waits for client-side results."""
+    agent = state().require_agent()
+    turn = await agent.journal.waiting(cid, user=scope())
+    if turn is None:
         return None
-    waiting = open_pauses(records, last.id)
+    records = await turn_records(agent, cid, turn[1])
+    waiting = open_pauses(records, turn[0])
     if any(isinstance(p, InputRequest) and p.tool is not None for p in waiting):
         raise ConflictError("the conversation's turn waits for the results of client-side "
                             "tool calls: send them as tool messages")
-    return (last.id, last.seq, waiting[0]) if waiting else None
+    return (*turn, waiting[0]) if waiting else None
+
+
+async def _record(conversation_id: str, user: str | None) -> ConversationRecord:
+    conv = await state().require_agent().get_conversation(conversation_id, user=user)
+    if conv is None:
+        raise NotFoundError(f"conversation {conversation_id!r} not found")
+    return conv.record
 
 
 async def _answer_person(cid: str, new: list[Content], turn_id: str, seq: int, pause: Pause
@@ -286,17 +293,19 @@ async def _start(req: ChatRequest, history: list[chat.Entry], new: list[Content]
                                                agent=req.model, owner=who.user)
         given = conv.id
     if given is not None:
+        # Only the new message: the conversation's record is enough (no history to check).
         user = scope()  # another user's conversation answers as an unknown one
-        snapshot = await agent.chat_snapshot(given, user=user)
-        owner = agent.agent_of(snapshot.conversation.agent)
+        snapshot = None if not history and not whole else await agent.chat_snapshot(
+            given, user=user)
+        record = snapshot.conversation if snapshot is not None else await _record(given, user)
+        owner = agent.agent_of(record.agent)
         if owner != req.model:
             raise ConflictError(f"conversation {given!r} belongs to the model (agent) {owner!r}, "
                                 f"not {req.model!r}")
-        waiting = _waiting(snapshot.messages)
-        if waiting is not None:  # the new message answers what its turn asks
+        if (waiting := await _waiting(given)) is not None:  # the message answers what it asks
             return await _answer_person(given, new, *waiting), given
         branch: tuple[str, str] | None = None
-        if not snapshot.messages:  # a fresh one: seeded
+        if snapshot is None or not snapshot.messages:  # none, or a fresh one: seeded
             content, context = chat.seed_content(history, new, origin)
         else:
             if not chat.history_matches(history, chat.transcript(snapshot.messages),
