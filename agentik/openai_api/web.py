@@ -37,6 +37,7 @@ from agentik.openai_api.types import (
     decode_chat_request,
     encode,
 )
+from agentik.profiles import ASK_USER
 from agentik.turns import open_pauses, turn_records
 from agentik.web._state import principal, scope, state
 from agentik.web.errors import headers_of
@@ -180,7 +181,7 @@ def _given_conversation(req: ChatRequest) -> str | None:
 
 def _tools_of(req: ChatRequest) -> list[ClientTool] | None:
     """The request's client-side tools (``tools``), checked before anything is stored."""
-    own = {t.name for t in state().require_agent().agent_tools(req.model)} | {"ask_user"}
+    own = {t.name for t in state().require_agent().agent_tools(req.model)} | {ASK_USER}
     return chat.client_tools(req, own)
 
 
