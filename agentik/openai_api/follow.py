@@ -242,8 +242,9 @@ async def waits_on(agent: LocalAgent, cid: str, turn_id: str | None, seq: int,
     records = await turn_records(agent, cid, seq)
     waiting = open_pauses(records, turn_id)
     client = [p for p in waiting if isinstance(p, InputRequest) and p.tool is not None]
-    if not client:
-        return PersonAsks(waiting[0]) if ask and waiting else None
+    if not client:  # (a tool server's form is no question a chat can answer: not asked)
+        person = [p for p in waiting if not (isinstance(p, InputRequest) and p.schema is not None)]
+        return PersonAsks(person[0]) if ask and person else None
     for record in records:  # (calls of a round are stored before its pauses: seen already)
         if isinstance(record.message, ToolCall):
             calls.setdefault(record.message.call_id, record.message)
