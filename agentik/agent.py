@@ -93,8 +93,8 @@ class LocalAgent(BranchCalls):
     def __init__(self, deps: Deps, registry: Registry, peers: Peers, hooks: Webhooks) -> None:
         self._deps = deps
         self._registry = registry
-        #: clients of the other cluster nodes (forwarded commands); the runtime closes them
-        self._peers = peers
+        #: clients of the other cluster nodes (forwarded commands, A2A requests); runtime-closed
+        self.peers = peers
         self._closed = False
         #: whose each conversation is, streams filtered to a user's own, the users' limits
         self.users = UserScope(deps.storage)
@@ -264,7 +264,7 @@ class LocalAgent(BranchCalls):
                 ops.DeleteConversation(conversation_id=conversation_id)
             )
         except NotOwnerError as exc:  # a cluster: the owner stops its actor and deletes
-            return await self._peers.forward(exc, lambda o: o.delete_conversation(conversation_id))
+            return await self.peers.forward(exc, lambda o: o.delete_conversation(conversation_id))
         return deleted
 
     async def rename_conversation(
@@ -278,7 +278,7 @@ class LocalAgent(BranchCalls):
                 ops.RenameConversation(conversation_id=conversation_id, title=title)
             )
         except NotOwnerError as exc:
-            return await self._peers.forward(
+            return await self.peers.forward(
                 exc, lambda o: o.rename_conversation(conversation_id, title))
         return record
 
@@ -290,7 +290,7 @@ class LocalAgent(BranchCalls):
         try:
             return await self._registry.interrupt(conversation_id)
         except NotOwnerError as exc:
-            return await self._peers.forward(exc, lambda o: o.interrupt(conversation_id))
+            return await self.peers.forward(exc, lambda o: o.interrupt(conversation_id))
 
     async def cancel_turn(
         self, conversation_id: str, turn_id: str, *, user: str | None = None
@@ -305,8 +305,16 @@ class LocalAgent(BranchCalls):
         try:
             return await self._registry.cancel_turn(conversation_id, turn_id)
         except NotOwnerError as exc:
-            return await self._peers.forward(
+            return await self.peers.forward(
                 exc, lambda o: o.cancel_turn(conversation_id, turn_id))
+
+    async def own(self, conversation_id: str, *, user: str | None = None) -> None:
+        """PostgreSQL cluster: run the conversation here (claimed, its actor loaded, as a send
+        would) unless another live node owns it: NotOwnerError, and a front door that cannot
+        forward piecemeal (A2A) sends its whole request there. Nothing to do on one node, nor
+        for a conversation unknown or not ``user``'s."""
+        if self._deps.storage.leases is not None and await self.users.owns(conversation_id, user):
+            await self._registry.get(conversation_id)
 
     async def approve(self, conversation_id: str, call_id: str, approve: bool = True,
                       reason: str | None = None, *, user: str | None = None) -> MessageRecord:
@@ -334,7 +342,7 @@ class LocalAgent(BranchCalls):
         try:
             return await self._registry.answer(conversation_id, answer.call_id, answer)
         except NotOwnerError as exc:
-            return await self._peers.forward(exc, forward)
+            return await self.peers.forward(exc, forward)
 
     async def send(
         self,
@@ -363,7 +371,7 @@ class LocalAgent(BranchCalls):
             return await self._registry.submit(
                 conversation_id, items, context, on_busy=on_busy, idempotency=idem)
         except NotOwnerError as exc:
-            return await self._peers.forward(exc, lambda o: o.send(
+            return await self.peers.forward(exc, lambda o: o.send(
                 conversation_id, items, context, on_busy=on_busy,
                 idempotency_key=idempotency_key))
 

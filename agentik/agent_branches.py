@@ -44,7 +44,7 @@ class BranchCalls:
 
     _deps: Deps
     _registry: Registry
-    _peers: Peers
+    peers: Peers
     users: UserScope
 
     @property
@@ -104,7 +104,7 @@ class BranchCalls:
             return await self._registry.submit_to(conversation_id, lambda h: h.edit(
                 message_id, items, context, on_busy=on_busy, idempotency=idem), idem)
         except NotOwnerError as exc:
-            return await self._peers.forward(exc, lambda o: o.edit(
+            return await self.peers.forward(exc, lambda o: o.edit(
                 conversation_id, message_id, items, context, on_busy=on_busy,
                 idempotency_key=idempotency_key))
 
@@ -125,7 +125,7 @@ class BranchCalls:
             return await self._registry.submit_to(conversation_id, lambda h: h.regenerate(
                 of, on_busy=on_busy, idempotency=idem), idem)
         except NotOwnerError as exc:
-            return await self._peers.forward(exc, lambda o: o.regenerate(
+            return await self.peers.forward(exc, lambda o: o.regenerate(
                 conversation_id, message_id, on_busy=on_busy, idempotency_key=idempotency_key))
 
     async def switch_branch(
@@ -146,7 +146,7 @@ class BranchCalls:
             await self._registry.submit_to(conversation_id, lambda h: h.switch(
                 message_id, on_busy=on_busy, idempotency=idem), idem)
         except NotOwnerError as exc:
-            return await self._peers.forward(exc, lambda o: o.switch_branch(
+            return await self.peers.forward(exc, lambda o: o.switch_branch(
                 conversation_id, message_id, on_busy=on_busy, idempotency_key=idempotency_key))
         return await self.chat_snapshot(conversation_id, user=user)
 

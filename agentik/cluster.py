@@ -8,17 +8,21 @@ file or JWTs run without a shared token: every node checks the same token the sa
 
 :class:`Peers` keeps one client (one connection pool) per owner address for the runtime's life,
 so a forwarded command reuses a kept-alive connection instead of opening one per call; the
-runtime closes them at shutdown (``Peers.aclose``)."""
+runtime closes them at shutdown (``Peers.aclose``). A request a front door cannot forward as
+client calls (an A2A JSON-RPC request, whose answer is the owner's task) goes as it came
+(:meth:`Peers.relay`), on a plain HTTP client per owner, kept the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import httpx2
+import trio
 
-from agentik import metrics
+from agentik import metrics, tracing
 from agentik.errors import AgentikConnectionError, NotOwnerError, RuntimeClosedError
 
 if TYPE_CHECKING:
@@ -26,6 +30,10 @@ if TYPE_CHECKING:
     from agentik.config import Config
 
 T = TypeVar("T")
+
+#: a relayed request's bounds: connecting to the owner and sending to it are short; its answer
+#: may take as long as the turn it waits for (SendMessage), and a stream is the owner's to end
+RELAY_TIMEOUT = httpx2.Timeout(10.0, read=None)
 
 #: the bearer token of the request this task serves (None: no token, or not a request). A task
 #: the request spawns inherits it, so a WebSocket's commands carry the socket's token.
@@ -46,6 +54,34 @@ class CallerAuth(httpx2.Auth):
         yield request
 
 
+@dataclass(eq=False)
+class Relayed:
+    """The owner's answer to a relayed request, its body still to come (:meth:`Peers.relay`)."""
+
+    status: int
+    content_type: str
+    exc: NotOwnerError
+    response: httpx2.Response
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, unchanged; NotOwnerError (:func:`silent`) when the owner
+        goes away before its end. Closes the answer when it ends or is abandoned."""
+        try:
+            async for chunk in self.response.aiter_raw():
+                yield chunk
+        except httpx2.TransportError as err:
+            raise silent(self.exc, err) from err
+        finally:
+            await self.aclose()
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):  # a cancel (the client went away) must not cut it
+            await self.response.aclose()
+
+
 class Peers:
     """The clients of the other nodes this node forwarded to, by base URL."""
 
@@ -54,6 +90,7 @@ class Peers:
         self.config = config
         self._factory = factory
         self._clients: dict[str, AgentikAgent] = {}
+        self._relays: dict[str, httpx2.AsyncClient] = {}
         self._closed = False
 
     def client(self, addr: str) -> AgentikAgent:
@@ -83,15 +120,49 @@ class Peers:
         try:
             return await call(owner)
         except AgentikConnectionError as err:
-            # The owner died or is cut off: its lease runs out and a live node takes the
-            # conversation over, so this is "not here, try again" (503), not a server fault (500).
-            raise NotOwnerError(
-                f"the node that owns this conversation does not answer ({err}); try again once "
-                "another node has taken it over", node_id=exc.node_id, addr=exc.addr) from err
+            raise silent(exc, err) from err
+
+    async def relay(self, exc: NotOwnerError, path: str, body: bytes,
+                    headers: dict[str, str]) -> Relayed:
+        """POST ``body`` to ``path`` on the owner node as the caller (``headers`` plus their
+        token and the trace); its answer, whose body the caller reads (``chunks``, ``read``)
+        or closes. Raises as :meth:`forward` does."""
+        if not exc.addr:
+            raise exc
+        if self._closed:
+            raise RuntimeClosedError("the runtime is closed")
+        http = self._relays.get(exc.addr)
+        if http is None:
+            shared = self.config.tokens[0] if self.config.tokens else None
+            http = self._relays[exc.addr] = httpx2.AsyncClient(
+                base_url=exc.addr, auth=CallerAuth(shared), timeout=RELAY_TIMEOUT,
+                limits=httpx2.Limits(max_connections=None, max_keepalive_connections=20))
+        headers = dict(headers)
+        tracing.inject(headers)  # the owner's spans join this request's trace
+        metrics.CLUSTER_FORWARDED.inc()
+        try:
+            answer = await http.send(http.build_request("POST", path, content=body,
+                                                        headers=headers), stream=True)
+        except httpx2.TransportError as err:
+            raise silent(exc, err) from err
+        return Relayed(answer.status_code, answer.headers.get("content-type", ""), exc, answer)
 
     async def aclose(self) -> None:
         """Close every client (idempotent); forwarding is refused afterwards."""
         self._closed = True
         clients, self._clients = list(self._clients.values()), {}
+        relays, self._relays = list(self._relays.values()), {}
         for owner in clients:
             await owner.close()
+        for http in relays:
+            await http.aclose()
+
+
+def silent(exc: NotOwnerError, err: Exception) -> NotOwnerError:
+    """The owner of ``exc`` did not answer (``err``). It died or is cut off: its lease runs
+    out and a live node takes the conversation over, so this is "not here, try again" (503),
+    not a server fault (500)."""
+    return NotOwnerError(
+        f"the node that owns this conversation does not answer ({str(err) or type(err).__name__}"
+        "); try again once "
+        "another node has taken it over", node_id=exc.node_id, addr=exc.addr)

@@ -130,6 +130,9 @@ class ScriptedExecutor:
     async def withdraw(self, task: Task, conversation_id: str | None) -> None:
         pass  # nothing waits behind a scripted task
 
+    async def claim(self, conversation_id: str) -> None:
+        pass  # one process: every conversation is this one's
+
     async def cancel(self, request: RequestContext, updater: TaskUpdater) -> bool:
         return False  # nothing to wind down: the facade cancels the execution
 

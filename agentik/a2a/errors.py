@@ -6,11 +6,12 @@ A2A's own errors carry ``data: [google.rpc.ErrorInfo]`` with their reason and th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 
-from agentik.errors import A2AError
+from agentik.errors import A2AError, AgentikError, NotOwnerError
 
 TASK_NOT_FOUND = -32001
 TASK_NOT_CANCELABLE = -32002
@@ -41,6 +42,9 @@ REASONS: dict[int, str] = {
 
 ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
 DOMAIN = "a2a-protocol.org"
+#: the domain of agentik's own reasons (``NOT_OWNER``)
+AGENTIK_DOMAIN = "agentik"
+NOT_OWNER = "NOT_OWNER"
 
 
 def error(rpc_code: int, message: str) -> A2AError:
@@ -64,6 +68,34 @@ def conversation_gone(context_id: str) -> A2AError:
                                  "message again to start a new conversation")
 
 
+def not_owner(exc: NotOwnerError) -> A2AError:
+    """A PostgreSQL cluster's "not here, try again" (the native routes' 503 ``not_owner``): the
+    node that owns the conversation did not answer, or advertises no address. The request was
+    not served (nothing stored); a live node takes the conversation over within the lease TTL,
+    and the same request then succeeds."""
+    return A2AError(INTERNAL_ERROR, str(exc), NOT_OWNER)
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for one in exc.exceptions:
+            yield from _leaves(one)
+    else:
+        yield exc
+
+
+def answer_of(exc: Exception) -> A2AError | None:
+    """The JSON-RPC error an execution's exception answers with: an A2AError as is, another
+    AgentikError as -32603 with its message, also when raised inside a nursery of the executor
+    (an exception group holding nothing else: its first A2AError, else its first error); None
+    for anything else (an unexpected failure)."""
+    leaves = list(_leaves(exc))
+    if not all(isinstance(leaf, AgentikError) for leaf in leaves):
+        return None
+    first = next((leaf for leaf in leaves if isinstance(leaf, A2AError)), leaves[0])
+    return first if isinstance(first, A2AError) else error(INTERNAL_ERROR, str(first))
+
+
 class ErrorInfo(msgspec.Struct, kw_only=True, rename={"type": "@type"}):
     type: str = ERROR_INFO_TYPE
     reason: str
@@ -84,7 +116,8 @@ class RpcErrorResponse(msgspec.Struct, kw_only=True):
 
 
 def error_object(exc: A2AError) -> RpcError:
-    data = [ErrorInfo(reason=exc.reason)] if exc.reason else None
+    domain = DOMAIN if exc.reason in REASONS.values() else AGENTIK_DOMAIN
+    data = [ErrorInfo(reason=exc.reason, domain=domain)] if exc.reason else None
     return RpcError(code=exc.rpc_code, message=str(exc), data=data)
 
 

@@ -20,6 +20,9 @@ the request with that error. ``cancel(request, updater)`` asks a running executi
 returns whether ``execute`` will end by itself (else the facade cancels it at once); the task
 ends CANCELED unless the executor reported another terminal state first; a task that waits for
 input (no execution runs) is cancelled after ``withdraw(task, conversation_id)``.
+``claim(conversation_id)`` comes first for a message of an existing context or task and for a
+cancel: on a cluster it raises NotOwnerError when another live node runs the conversation, and
+the request goes to that node (:mod:`agentik.a2a.forward`) before anything is counted or stored.
 ``check(message)`` refuses a message the agent would refuse (raising an A2AError) before its
 task is stored; ``conversation(context_id, previous, agent)`` names the conversation a context runs
 in (``previous``: the one its latest task used, None for a new context; ``agent``: the agent whose
@@ -122,4 +125,9 @@ class Executor(Protocol):
 
     async def withdraw(self, task: Task, conversation_id: str | None) -> None:
         """``task`` waits for input (no execution runs) and is cancelled: end what it waits on."""
+        ...
+
+    async def claim(self, conversation_id: str) -> None:
+        """Before a message or a cancel of the conversation is taken: raise NotOwnerError when
+        another live node runs it (a cluster), and the request is sent there whole."""
         ...

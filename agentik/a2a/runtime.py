@@ -180,6 +180,11 @@ class AgentikExecutor(Asking):
                 await self.agent.cancel_turn(cid, turn.turn_id)
         return False
 
+    async def claim(self, conversation_id: str) -> None:
+        """A cluster: NotOwnerError when another live node owns the caller's conversation (its
+        request goes there whole), else this node claims it (``LocalAgent.own``)."""
+        await self.agent.own(conversation_id, user=CALLER.get().user)
+
     async def withdraw(self, task: Task, conversation_id: str | None) -> None:
         """A task that asks for input is cancelled: its waiting turn is interrupted."""
         waiting = waiting_of(task)

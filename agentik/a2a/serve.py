@@ -128,5 +128,6 @@ def mount_agentik(app: Quart, st: WebState, *, heartbeat: float = 15.0) -> A2AMo
         return card_info_for(st.require_agent(), agent_id)
 
     a2a = mount(app, card_info, heartbeat=heartbeat, agent_card_info=agent_card_info)
+    a2a.peers = lambda: st.require_agent().peers
     st.services.append(partial(run_a2a, a2a))
     return a2a

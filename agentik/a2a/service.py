@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import msgspec
 import trio
@@ -51,7 +51,7 @@ from agentik.a2a.types import (
     text_part,
     timestamp,
 )
-from agentik.errors import A2AError, AgentikError, NotFoundError
+from agentik.errors import AgentikError, NotFoundError
 from agentik.ids import new_id
 
 log = logging.getLogger("agentik.a2a")
@@ -60,26 +60,6 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 100
 #: how long CancelTask waits for an executor to end a cancelled execution by itself
 CANCEL_GRACE = 10.0
-
-
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for one in exc.exceptions:
-            yield from _leaves(one)
-    else:
-        yield exc
-
-
-def _answer_of(exc: Exception) -> A2AError | None:
-    """The JSON-RPC error an execution's exception answers with: an A2AError as is, another
-    AgentikError as -32603 with its message, also when raised inside a nursery of the executor
-    (an exception group holding nothing else: its first A2AError, else its first error); None
-    for anything else (an unexpected failure)."""
-    leaves = list(_leaves(exc))
-    if not all(isinstance(leaf, AgentikError) for leaf in leaves):
-        return None
-    first = next((leaf for leaf in leaves if isinstance(leaf, A2AError)), leaves[0])
-    return first if isinstance(first, A2AError) else e.error(e.INTERNAL_ERROR, str(first))
 
 
 def _check_id(name: str, value: str) -> str:
@@ -127,15 +107,30 @@ class A2AService:
             if why is not None:
                 raise e.invalid_params(f"message.parts[{i}]: {why}")
 
+    async def _previous(self, context_id: str) -> str | None:
+        """The conversation the caller's latest message of the context went to (None: none)."""
+        key = (CALLER.get().owner, context_id)  # a user's contexts are their own
+        if key in self._contexts:
+            return self._contexts[key]
+        # (another user's conversation: the executor makes this user one of their own)
+        return (await self.store.context_conversation(context_id))[1]
+
+    async def _claim(self, message: Message) -> None:
+        """A message of a task or context whose conversation another live node runs goes there
+        whole (NotOwnerError, :mod:`agentik.a2a.forward`), before anything is counted or stored
+        here: the owner alone writes that conversation's records (its tasks too)."""
+        if message.task_id:
+            stored = await self.store.get(message.task_id, CALLER.get().user)
+            conversation = None if stored is None else stored.conversation_id
+        else:
+            conversation = await self._previous(message.context_id) if message.context_id else None
+        if conversation is not None:
+            await self.executor.claim(conversation)
+
     async def _conversation_for(self, context_id: str, agent: str | None) -> str | None:
-        caller = CALLER.get()
-        key = (caller.owner, context_id)  # a user's contexts are their own
+        key = (CALLER.get().owner, context_id)
         async with self._bind_lock:
-            if key in self._contexts:
-                previous = self._contexts[key]
-            else:
-                # (another user's conversation: the executor makes this user one of their own)
-                _, previous = await self.store.context_conversation(context_id)
+            previous = await self._previous(context_id)
             conversation = await self.executor.conversation(context_id, previous, agent)
             if len(self._contexts) > 10_000:
                 self._contexts.clear()
@@ -147,6 +142,7 @@ class A2AService:
         the default one). Raises A2AError."""
         message = params.message
         self._check_message(message)
+        await self._claim(message)
         admit = CALLER.get().admit
         if admit is not None:  # the user's limits, before anything is stored
             await admit()
@@ -237,7 +233,7 @@ class A2AService:
                 with run.cancel_scope:
                     await (execute or self.executor.execute)(run.request, updater)
             except Exception as exc:
-                run.error = _answer_of(exc)
+                run.error = e.answer_of(exc)
                 if run.error is None:
                     log.exception("the A2A executor failed on task %s", run.request.task_id)
                     run.error = e.error(e.INTERNAL_ERROR, f"the agent failed: {type(exc).__name__}")
@@ -366,6 +362,8 @@ class A2AService:
         if stored.task.status.state in TERMINAL:
             raise e.error(e.TASK_NOT_CANCELABLE,
                           f"task {task_id!r} is {stored.task.status.state}")
+        if stored.conversation_id is not None:  # its owner cancels it (_claim)
+            await self.executor.claim(stored.conversation_id)
         run = self._runs.get(task_id)
         if run is not None and run.updater is not None:
             run.cancel_requested = True

@@ -31,6 +31,7 @@ from werkzeug.exceptions import HTTPException
 
 from agentik.a2a import errors as e
 from agentik.a2a.executor import CALLER, Caller
+from agentik.a2a.forward import forward
 from agentik.a2a.service import A2AService
 from agentik.a2a.types import (
     MAX_ID_CHARS,
@@ -54,7 +55,8 @@ from agentik.a2a.types import (
     encode,
     valid_rpc_id,
 )
-from agentik.errors import A2AError, AgentikError, NotFoundError
+from agentik.cluster import Peers
+from agentik.errors import A2AError, AgentikError, NotFoundError, NotOwnerError
 from agentik.llm.base import ToolSpec
 from agentik.sse import SSE_TYPE, PumpBody, frame
 
@@ -103,6 +105,9 @@ class A2AMount:
     open_streams: int = 0
     #: who the current request is (docs/USERS.md); the default reaches everything
     caller: Callable[[], Caller] = Caller
+    #: a cluster node's clients of the others (a request for a conversation another node
+    #: owns goes there: forward.py); None: one process, nothing is forwarded
+    peers: Callable[[], Peers] | None = None
 
     def require(self) -> A2AService:
         if self.service is None:
@@ -222,7 +227,7 @@ async def rpc(agent_id: str | None = None) -> Response:
         if request.mimetype != JSON:
             raise e.error(e.CONTENT_TYPE_NOT_SUPPORTED,
                           f"Content-Type must be {JSON}, got {request.mimetype or 'none'!r}")
-        body = await request.get_data(as_text=False)
+        body = cast(bytes, await request.get_data(as_text=False))
         try:
             envelope = msgspec.json.decode(body)
         except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
@@ -244,6 +249,8 @@ async def rpc(agent_id: str | None = None) -> Response:
         token = CALLER.set(_state().caller())
         try:
             return await _dispatch(request_id, method, envelope.get("params"), agent_id)
+        except NotOwnerError as exc:  # raised before anything was counted or stored here
+            return await forward(_state().peers, exc, request_id, body)
         finally:
             CALLER.reset(token)
     except A2AError as exc:
