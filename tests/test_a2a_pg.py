@@ -106,7 +106,7 @@ async def _cancel_through_b(a: str, b: str, token: str, scripted: ScriptedOpenAI
         on_a, on_b = await client(a, False), await client(b, False)
         (sent,) = await _events(on_a.send_message(request("m4", "hang", return_immediately=True)))
         task_id = sent.task.id
-        while (await on_b.get_task(pb.GetTaskRequest(id=task_id))).artifacts == []:
+        while (await on_b.get_task(pb.GetTaskRequest(id=task_id))).artifacts == []:  # noqa: ASYNC110
             await asyncio.sleep(0.05)  # another process: ask until the answer has begun
         canceled = await on_b.cancel_task(pb.CancelTaskRequest(id=task_id))
         return canceled, await on_b.get_task(pb.GetTaskRequest(id=task_id))
@@ -183,7 +183,7 @@ async def test_a_dead_owner_is_not_owner_until_the_other_node_takes_the_context_
                 if "result" in body:
                     break
                 assert body["error"]["data"][0]["reason"] == "NOT_OWNER", body
-                await trio.sleep(0.2)  # noqa: ASYNC110 - another process's lease, by the clock
+                await trio.sleep(0.2)  # another process's lease runs out by the clock
         task = body["result"]["task"]
         assert task["status"]["state"] == "TASK_STATE_COMPLETED"
         assert texts(task["artifacts"][0]["parts"]) == "re three"
