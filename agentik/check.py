@@ -55,7 +55,7 @@ async def run_checks(config: Config, emit: Callable[[Item], None]) -> int:
     mcp_items, status = await _mcp(config)
     if config.agents_path and profiles is not None:
         mcp_items += _agent_tools(profiles, status)
-    for item in [*mcp_items, *await _users(config)]:
+    for item in [*mcp_items, *await _users(config), *await _webhooks(config, profiles)]:
         items.append(item)
         emit(item)
     if all(item.ok for item in items):
@@ -222,3 +222,18 @@ async def _users(config: Config) -> list[Item]:
             kids = ", ".join(str(k.kid) for k in keys.keys)
             items.append(Item("jwks", True, f"{config.jwt_jwks}: {len(keys.keys)} key(s): {kids}"))
     return items
+
+
+async def _webhooks(config: Config, profiles: Profiles | None) -> list[Item]:
+    """The webhooks file (AGENTIK_WEBHOOKS, docs/WEBHOOKS.md), when set: each mistake named."""
+    from agentik.webhooks import WebhooksFileError, parse_file
+
+    path = config.webhooks_file
+    if not path:
+        return []
+    try:
+        text = await trio.Path(path).read_text(encoding="utf-8")
+        specs = parse_file(text, None if profiles is None else dict.fromkeys(profiles.ids))
+    except (OSError, UnicodeDecodeError, WebhooksFileError) as exc:
+        return [Item("webhooks", False, f"{path}: {exc}", bad_setting=True)]
+    return [Item("webhooks", True, f"{path}: {len(specs)} subscription(s)")]

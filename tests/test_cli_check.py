@@ -146,3 +146,28 @@ async def test_serve_with_a_bad_users_file_says_each_mistake_and_exits_2(tmp_pat
         "agentik: bad configuration: AGENTIK_USERS: users.a.token_sha256: 'abc' is not 64 hex "
         "digits",
     ], out
+
+
+async def test_check_and_serve_read_the_webhooks_file(tmp_path: Path) -> None:
+    """``agentik check`` counts the webhooks file's subscriptions, names its mistake (exit 2);
+    ``agentik serve`` with that file stops with one line naming AGENTIK_WEBHOOKS (exit 2)."""
+    good = tmp_path / "hooks.toml"
+    good.write_text('[[webhook]]\nid = "ops"\nurl = "http://127.0.0.1:9/"\n'
+                    'events = ["turn.failed"]\nsecret = "whsec_' + "QUJD" * 8 + '"\n')
+    bad = tmp_path / "bad-hooks.toml"
+    bad.write_text('[[webhook]]\nid = "ops"\nurl = "http://127.0.0.1:9/"\n'
+                   'events = ["turn.nope"]\nsecret = "whsec_' + "QUJD" * 8 + '"\n')
+    async with open_scripted_openai() as openai:
+        env = env_for(tmp_path, openai, AGENTIK_WEBHOOKS=str(good))
+        code, out = await run(["check"], env, tmp_path)
+        assert code == 0, out
+        assert f"ok     webhooks: {good}: 1 subscription(s)" in out.splitlines()
+        env.update(AGENTIK_WEBHOOKS=str(bad))
+        code, out = await run(["check"], env, tmp_path)
+        assert code == 2, out
+        assert any(line.startswith("failed webhooks:") and "turn.nope" in line
+                   for line in out.splitlines()), out
+        code, out = await run(["serve", "--port", "0"], env, tmp_path)
+    assert code == 2, out
+    assert any(line.startswith("agentik: bad configuration: AGENTIK_WEBHOOKS:")
+               and "turn.nope" in line for line in out.splitlines()), out
