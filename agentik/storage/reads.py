@@ -144,6 +144,7 @@ class Reads(ABC, Generic[C]):
     async def waiting_turn(self, conversation_id: str) -> tuple[str, int] | None:
         """The conversation's turn that waits for a person (docs/PROTOCOL.md, "A person in the
         loop"), if any: (turn id, its user message's seq)."""
+        check_looked_up(conversation_id)
         return await self._read(self.queries.waiting_turn, conversation_id)
 
     async def conversations_with_queued_turns(self) -> list[str]:
