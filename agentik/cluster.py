@@ -14,7 +14,7 @@ client calls (an A2A JSON-RPC request, whose answer is the owner's task) goes as
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -23,7 +23,7 @@ import httpx2
 import trio
 
 from agentik import metrics, tracing
-from agentik.errors import AgentikConnectionError, NotOwnerError, RuntimeClosedError
+from agentik.errors import AgentikConnectionError, AgentikError, NotOwnerError, RuntimeClosedError
 
 if TYPE_CHECKING:
     from agentik.client.http import AgentikAgent
@@ -63,7 +63,7 @@ class Relayed:
     exc: NotOwnerError
     response: httpx2.Response
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives, unchanged; NotOwnerError (:func:`silent`) when the owner
         goes away before its end. Closes the answer when it ends or is abandoned."""
         try:
@@ -92,6 +92,8 @@ class Peers:
         self._clients: dict[str, AgentikAgent] = {}
         self._relays: dict[str, httpx2.AsyncClient] = {}
         self._closed = False
+        #: whether a node heartbeats in time (``Leases.node_live``; None: never asked)
+        self.live: Callable[[str], Awaitable[bool]] | None = None
 
     def client(self, addr: str) -> AgentikAgent:
         """The one client for the node at ``addr`` (made on first use)."""
@@ -146,6 +148,46 @@ class Peers:
         except httpx2.TransportError as err:
             raise silent(exc, err) from err
         return Relayed(answer.status_code, answer.headers.get("content-type", ""), exc, answer)
+
+    async def while_live(self, exc: NotOwnerError, call: Callable[[], Awaitable[T]]) -> T:
+        """``call`` (a relay to the owner of ``exc``), cut short with NotOwnerError once that
+        owner stops heartbeating: a frozen or cut-off node holds its connections open, and
+        its answer would never come. Its lease has run out then: a live node takes the
+        conversation over, so the caller tries again."""
+        done: list[T] = []
+        failed: list[Exception] = []
+
+        async def run() -> None:
+            try:
+                done.append(await call())
+            except Exception as err:  # raised below, not as an exception group
+                failed.append(err)
+            nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await self._owner_gone(exc.node_id)
+            nursery.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
+        if done:
+            return done[0]
+        raise NotOwnerError(f"the node that owns this conversation ({exc.node_id}) stopped "
+                            "heartbeating; try again once another node has taken it over",
+                            node_id=exc.node_id, addr=exc.addr)
+
+    async def _owner_gone(self, node_id: str) -> None:
+        """Returns once ``node_id`` is no longer live (never without ``live``)."""
+        if self.live is None:
+            await trio.sleep_forever()
+        while True:
+            await trio.sleep(max(0.5, self.config.lease_ttl / 3))
+            assert self.live is not None
+            try:
+                if not await self.live(node_id):
+                    return
+            except AgentikError:
+                continue  # the database does not answer now: the owner may well be fine
 
     async def aclose(self) -> None:
         """Close every client (idempotent); forwarding is refused afterwards."""

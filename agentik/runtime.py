@@ -89,7 +89,7 @@ async def open_runtime(
                 deps = Deps(config=config, storage=storage, profiles=profiles,
                             agents=_agents(profiles, llms, the_tools), tools=the_tools,
                             models=models)
-                peers = Peers(config)  # clients of the other cluster nodes, closed last
+                peers = _peers(config, storage)  # clients of the other cluster nodes, closed last
                 try:
                     async with trio.open_nursery() as actors:
                         registry = Registry(deps, actors)
@@ -117,6 +117,15 @@ async def open_runtime(
     finally:
         with trio.CancelScope(shield=True):
             await _close_last(owned)
+
+
+def _peers(config: Config, storage: Storage) -> Peers:
+    """The clients of the other cluster nodes; a request relayed to one that stops heartbeating
+    ends (``Peers.while_live``)."""
+    peers = Peers(config)
+    if storage.leases is not None:
+        peers.live = storage.leases.node_live
+    return peers
 
 
 async def _webhooks(deps: Deps, actors: trio.Nursery) -> Webhooks:

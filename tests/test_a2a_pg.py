@@ -4,11 +4,14 @@ PostgreSQL (``tests/test_pg_nodes.py``'s nodes), driven by a2a-sdk's own client:
 SendStreamingMessage through B go on in A's conversation (forwarded to A whole, the stream
 relayed), GetTask and CancelTask through B see and end A's task; with AGENTIK_TOKENS and with a
 users file and no shared token (the caller's own token reaches A). A dead owner is the JSON-RPC
-form of ``not_owner`` until B takes the conversation over; then B answers it itself."""
+form of ``not_owner`` until B takes the conversation over; then B answers it itself; a frozen
+owner (its connections open, no answer coming) ends a relayed request and a relayed stream with
+``not_owner`` once its heartbeat is late."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -189,3 +192,39 @@ async def test_a_dead_owner_is_not_owner_until_the_other_node_takes_the_context_
         assert texts(task["artifacts"][0]["parts"]) == "re three"
         (journal,) = await _conversations(b.url, "x")
         assert _said(journal) == ["one", "re one", "three", "re three"]
+
+
+async def test_a_frozen_owner_ends_relayed_requests_with_not_owner(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """A SendMessage and a SendStreamingMessage relayed through B to A, whose model hangs; A is
+    frozen (SIGSTOP): both end with NOT_OWNER once A's heartbeat is late, not never."""
+    scripted.default = Echo(prefix="re ")
+    async with cluster(pg_url, scripted, tmp_path) as (a, b), \
+            httpx2.AsyncClient(base_url=a.url, timeout=30) as on_a, \
+            httpx2.AsyncClient(base_url=b.url, timeout=60) as on_b:
+        rpc_a, rpc_b = Rpc(on_a), Rpc(on_b)
+        with trio.fail_after(STREAM_LIMIT):
+            for context in ("c1", "c2"):  # A owns both
+                await rpc_a.call("SendMessage", {"message": message("one", contextId=context)})
+        scripted.push(Hang(), Hang())
+        answers: list[Any] = []
+        async with trio.open_nursery() as nursery:
+
+            async def plain() -> None:
+                answers.append(await rpc_b.raw("SendMessage", {"message": message(
+                    "two", message_id="m2", contextId="c1")}))
+
+            nursery.start_soon(plain)
+            async with rpc_b.stream("SendStreamingMessage", {"message": message(
+                    "two", message_id="m3", contextId="c2")}) as events:
+                first = await events.__anext__()
+                assert first["task"]["contextId"] == "c2", first
+                while len(scripted.requests) < 4:  # noqa: ASYNC110 - both reached A's model
+                    await trio.sleep(0.05)
+                a.signal(signal.SIGSTOP)
+                with trio.fail_after(TAKEOVER_LIMIT):
+                    rest = [event async for event in events]
+        for body in (rest[-1], answers[0]):
+            assert body["error"]["data"][0]["reason"] == "NOT_OWNER", body
+            assert "stopped heartbeating" in body["error"]["message"], body

@@ -250,7 +250,8 @@ async def rpc(agent_id: str | None = None) -> Response:
         try:
             return await _dispatch(request_id, method, envelope.get("params"), agent_id)
         except NotOwnerError as exc:  # raised before anything was counted or stored here
-            return await forward(_state().peers, exc, request_id, body)
+            st = _state()
+            return await forward(st.peers, exc, request_id, body, st.heartbeat)
         finally:
             CALLER.reset(token)
     except A2AError as exc:

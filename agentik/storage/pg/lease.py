@@ -61,6 +61,10 @@ SELECT x.node_id, x.fence, y.addr,
 FROM conv_owner x LEFT JOIN nodes y ON y.node_id = x.node_id WHERE x.conversation_id = %(cid)s
 """
 
+_LIVE = """
+SELECT heartbeat_at > now() - make_interval(secs => %(ttl)s) FROM nodes WHERE node_id = %(node)s
+"""
+
 _ORPHANS = """
 SELECT x.conversation_id, c.is_temporal FROM conv_owner x JOIN conversation c ON c.id = x.conversation_id
 WHERE x.node_id <> %(me)s
@@ -333,6 +337,12 @@ class Leases:
         node_id, addr = (owner[0][0], owner[0][2]) if owner else ("", None)
         raise NotOwnerError(f"conversation {conversation_id!r} is owned by node {node_id!r}",
                             node_id=node_id, addr=addr)
+
+    async def node_live(self, node_id: str) -> bool:
+        """Whether ``node_id`` heartbeats in time (a request relayed to it watches this: a frozen
+        or cut-off node keeps its connections open and never answers). StorageError."""
+        rows = await self._db(_LIVE, node=node_id)
+        return bool(rows and rows[0][0])
 
     async def check_remote(self, conversation_id: str) -> None:
         """Raise NotOwnerError when another live node owns the conversation."""
