@@ -29,7 +29,7 @@ import trio
 
 from agentik import metrics, webhooks
 from agentik.config import Config
-from agentik.errors import OutboxGapError, StorageError
+from agentik.errors import OutboxGapError, RuntimeClosedError, StorageError
 from agentik.storage import ops
 from agentik.storage.actor import Storage
 from agentik.storage.types import StoredEvent, WebhookRow
@@ -139,6 +139,11 @@ class Deliveries:
             except StorageError as exc:
                 log.warning("webhook %s: storage failed, going on in %s s: %s",
                             row.spec.id, RESTART, exc)
+            except RuntimeClosedError:
+                return  # the runtime is stopping
+            except Exception:  # a defect: this subscription stops a while, nothing else does
+                log.exception("webhook %s: delivery failed; going on in %s s", row.spec.id,
+                              RESTART)
             await trio.sleep(RESTART)
             found = await _read(self.storage, row.spec.id)
             if found is None:
@@ -283,7 +288,8 @@ class _Subscription:
                 headers["authorization"] = f"{push.scheme} {push.credentials or ''}".strip()
         try:
             response = await self.client.post(self.spec.url, content=body, headers=headers)
-        except httpx2.HTTPError as exc:
+        except (httpx2.HTTPError, httpx2.InvalidURL, httpx2.StreamError, ValueError) as exc:
+            # (a URL httpx2 will not take is a failed attempt too, logged, never a crash)
             return "failed", None, f"{type(exc).__name__}: {exc}"[:500]
         if webhooks.delivered(response.status_code):
             return "delivered", response.status_code, None

@@ -194,9 +194,16 @@ def check_secret(secret: str) -> str:
 
 def check_url(url: str) -> str:
     """An http(s) URL with a host; InvalidInputError otherwise."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > 2048:
-        raise InvalidInputError("url must be an http or https URL with a host")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        parts = None
+    if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
+            or len(url) > 2048 or not url.isascii()
+            or any(c.isspace() or not c.isprintable() for c in url)):
+        raise InvalidInputError("url must be an http or https URL with a host (ASCII, no "
+                                "spaces)")
     return url
 
 

@@ -312,3 +312,30 @@ async def test_an_agent_filter_knows_a_deleted_conversations_agent_after_a_resta
     body = msgspec.json.decode(receiver.accepted[0].body)
     assert body["type"] == "conversation.deleted"
     assert body["data"] == {"conversation_id": cid, "agent": "default"}
+
+
+async def test_a_url_the_client_refuses_fails_its_attempts_and_nothing_else(
+    server: Server, client: httpx2.AsyncClient, openai: ScriptedOpenAI, allow_error_logs: None
+) -> None:
+    """A stored subscription whose URL the HTTP client refuses (put in place below the routes'
+    check, as an older server may have stored it) fails its own attempts, logged; the server
+    and the other subscriptions go on."""
+    from agentik.storage import ops
+
+    storage = server.agent._deps.storage
+    bad = ops.WebhookSpec(id="bad", url="http://[::1/in", events=("conversation.created",),
+                          secret="whsec_" + "QUJD" * 8)
+    await storage.write(ops.PutWebhook(spec=bad, after=storage.hub.head))
+    with trio.fail_after(20):
+        async with open_receiver() as receiver:
+            await subscribe(client, receiver.url + "/ok", events=["conversation.created"])
+            cid = await create(client)
+            await receiver.wait(lambda r: len(r.accepted) >= 1)
+            while True:  # (its first attempt's line: a row, polled)
+                if await deliveries(client, "bad"):
+                    break
+                await trio.sleep(0.05)
+    assert msgspec.json.decode(receiver.accepted[0].body)["data"]["conversation_id"] == cid
+    (line, *_) = await deliveries(client, "bad")
+    assert line["outcome"] == "failed" and line["status"] is None and line["error"]
+    assert (await client.get("/healthz")).status_code == 200

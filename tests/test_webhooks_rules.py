@@ -135,7 +135,8 @@ def test_urls() -> None:
     assert webhooks.literal_host("http://localhost:8/") == "127.0.0.1"
     assert webhooks.literal_host("http://api.localhost/") == "127.0.0.1"
     assert webhooks.literal_host("https://example.com/") is None
-    for bad in ("ftp://x/", "http:///x", "x", "http://" + "a" * 3000):
+    for bad in ("ftp://x/", "http:///x", "x", "http://" + "a" * 3000, "http://exa mple.com/",
+                "http://h:99999/", "http://h\n/", "http://hôst/", "http://[::1/"):
         with pytest.raises(InvalidInputError):
             webhooks.check_url(bad)
 
