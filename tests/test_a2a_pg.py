@@ -22,7 +22,7 @@ import pytest
 import trio
 from a2a.types import a2a_pb2 as pb
 
-from tests.scripted_openai import Echo, Hang, ScriptedOpenAI
+from tests.scripted_openai import Echo, Hang, Reply, ScriptedOpenAI
 from tests.test_a2a import STREAM_LIMIT, V1, Rpc, message, texts
 from tests.test_pg_nodes import TAKEOVER_LIMIT, cluster
 from tests.usersutil import TOKENS, bearer, write_users
@@ -228,3 +228,33 @@ async def test_a_frozen_owner_ends_relayed_requests_with_not_owner(
         for body in (rest[-1], answers[0]):
             assert body["error"]["data"][0]["reason"] == "NOT_OWNER", body
             assert "stopped heartbeating" in body["error"]["message"], body
+
+
+async def test_a_node_starting_leaves_another_live_nodes_tasks_alone(
+    pg_url: str, scripted: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """B starts while A runs a task: B's start-up, which settles the tasks a dead process left
+    running, leaves A's to A (it used to follow A's turn and fail writing its ending, fenced
+    out, with an error logged); the task completes on A, and B reads it so."""
+    gate = trio.Event()
+    scripted.push(Reply(["partial ", "answer"], gate=gate))
+    async with cluster(pg_url, scripted, tmp_path) as (a, b), \
+            httpx2.AsyncClient(base_url=a.url, timeout=30) as on_a, \
+            httpx2.AsyncClient(base_url=b.url, timeout=30) as on_b:
+        rpc_a, rpc_b = Rpc(on_a), Rpc(on_b)
+        with trio.fail_after(STREAM_LIMIT + 30):
+            task = (await rpc_a.call("SendMessage", {"message": message("one", contextId="ctx"),
+                                                    "configuration": {"returnImmediately": True}}))
+            task_id = task["task"]["id"]
+            while (await rpc_b.call("GetTask", {"id": task_id}))["status"]["state"] != \
+                    "TASK_STATE_WORKING":  # noqa: ASYNC110 - another process's task
+                await trio.sleep(0.05)
+            await b.stop()
+            await b.start()  # its start-up sees A's task WORKING
+            gate.set()
+            while (got := await rpc_b.call("GetTask", {"id": task_id}))["status"]["state"] == \
+                    "TASK_STATE_WORKING":  # noqa: ASYNC110 - another process's task
+                await trio.sleep(0.05)
+        assert got["status"]["state"] == "TASK_STATE_COMPLETED", got
+        assert texts(got["artifacts"][0]["parts"]) == "partial answer"
+        assert "[ERROR]" not in b.log(300_000), b.log(300_000)

@@ -14,7 +14,11 @@ started, runs after the restart, ``Registry.resume_queued``):
   it as on any task, and ``tasks/get``/``subscribe`` see the task as it goes);
 - a task whose message is not found after it (the process died before the message was stored;
   a task stored only once its turn ran, which a restart closed) ends FAILED "interrupted by
-  restart".
+  restart";
+- on a PostgreSQL cluster, only the tasks of the conversations this node may own are settled:
+  another live node's are its own (running there, or settled by its start-up), and those of a
+  dead node's conversation are taken over with it (``LocalAgent.own``), so its turn's ending
+  ("interrupted: node lost") ends the task.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from agentik.a2a.service import A2AService
 from agentik.a2a.store import StoredTask, TaskStore
 from agentik.a2a.types import RUNNING
 from agentik.a2a.web import A2AMount, CardInfo, mount
-from agentik.errors import AgentikError
+from agentik.errors import AgentikError, NotOwnerError
 from agentik.wire import Cursor, UserMessage
 
 if TYPE_CHECKING:
@@ -82,6 +86,11 @@ async def recover(agent: LocalAgent, service: A2AService, executor: AgentikExecu
         stored = await store.get(row.id)
         if stored is None or stored.task.status.state not in RUNNING:
             continue
+        if stored.conversation_id is not None:
+            try:  # a cluster: claimed here (a dead node's), or another live node's to settle
+                await agent.own(stored.conversation_id)
+            except NotOwnerError:
+                continue
         turn_id = await turn_of(agent, stored)
         if turn_id is None:
             await store.fail(row.id)
