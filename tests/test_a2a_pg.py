@@ -1,3 +1,5 @@
+# ruff: noqa: F811 - pytest fixtures imported from tests.webutil are parameters here
+
 """A2A on a PostgreSQL cluster (docs/A2A.md, issue 29): a context whose conversation node A owns,
 continued through node B, is answered as if the caller had asked A. Real node processes on real
 PostgreSQL (``tests/test_pg_nodes.py``'s nodes), driven by a2a-sdk's own client: SendMessage and
@@ -14,7 +16,7 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 import httpx2
@@ -26,6 +28,7 @@ from tests.scripted_openai import Echo, Hang, Reply, ScriptedOpenAI
 from tests.test_a2a import STREAM_LIMIT, V1, Rpc, message, texts
 from tests.test_pg_nodes import TAKEOVER_LIMIT, cluster
 from tests.usersutil import TOKENS, bearer, write_users
+from tests.webutil import make_config, openai, serve_app  # noqa: F401 - fixtures by name
 
 pytestmark = pytest.mark.usefixtures("pg_url")
 
@@ -258,3 +261,34 @@ async def test_a_node_starting_leaves_another_live_nodes_tasks_alone(
         assert got["status"]["state"] == "TASK_STATE_COMPLETED", got
         assert texts(got["artifacts"][0]["parts"]) == "partial answer"
         assert "[ERROR]" not in b.log(300_000), b.log(300_000)
+
+
+
+async def test_a_client_leaving_a_relayed_stream_closes_the_owners_stream(
+    pg_url: str, openai: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """Two nodes in this process (so A's open A2A streams can be counted): a stream relayed
+    through B is closed on A once its client has left B (B notices at its next write, a
+    heartbeat)."""
+    openai.default = Echo(prefix="re ")
+    configs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        configs.append(make_config(tmp_path / name, openai, database_url=pg_url,
+                                   node_id=f"node-{name}"))
+    async with serve_app(configs[0], heartbeat=0.2) as a, \
+            serve_app(configs[1], heartbeat=0.2) as b, \
+            httpx2.AsyncClient(base_url=a.url, timeout=30) as on_a, \
+            httpx2.AsyncClient(base_url=b.url, timeout=30) as on_b:
+        rpc_a, rpc_b = Rpc(on_a), Rpc(on_b)
+        streams = cast(Any, a.app).agentik_a2a
+        with trio.fail_after(STREAM_LIMIT):
+            await rpc_a.call("SendMessage", {"message": message("one", contextId="ctx")})
+            openai.push(Hang())  # the streamed answer never ends by itself
+            async with rpc_b.stream("SendStreamingMessage", {"message": message(
+                    "two", message_id="m2", contextId="ctx")}) as events:
+                first = await events.__anext__()  # relayed from A
+                assert first["task"]["status"]["state"] == "TASK_STATE_WORKING", first
+                assert streams.open_streams == 1
+            while streams.open_streams:  # noqa: ASYNC110 - closed by B's next heartbeat
+                await trio.sleep(0.05)
