@@ -372,7 +372,7 @@ async def test_forwarding_keeps_one_client_per_peer_and_the_runtime_closes_them(
     # the runtime makes one Peers for its life and closes it at shutdown
     cfg = Config(db_path=f"{tmp_path}/unused.db", database_url=pg_url, node_id="n-rt")
     async with open_runtime(cfg, llm=ScriptedLlm(["hi"])) as agent:
-        kept = agent._peers
+        kept = agent.peers
         kept.client("http://a")
     assert kept._closed and not kept._clients
 
