@@ -13,7 +13,9 @@ The browser: tests/browser.py.
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -41,7 +43,7 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
 pytestmark = pytest.mark.usefixtures("engine")
 
 try:
-    from playwright.sync_api import Browser, BrowserContext, Page, expect
+    from playwright.sync_api import Browser, BrowserContext, Page, WebSocketRoute, expect
 except ImportError:  # pragma: no cover - the tests are skipped (tests/browser.py)
     pass
 
@@ -757,6 +759,50 @@ async def test_network_cut_mid_answer_resumes_and_the_answer_arrives_once(
         assert await s.run(message_keys, page) == await stack.snapshot_ids(cid)
         now = await s.run(stats, page)
         assert now["resyncs"] == before["resyncs"] and now["resumes"] >= before["resumes"] + 2
+
+
+@needs_browser
+async def test_a_first_message_waits_for_its_live_stream_and_streams_from_its_first_token(
+    tmp_path: Path, browser_thread: BrowserThread
+) -> None:
+    """Streamed tokens go only to the subscribers present when they are made. A message typed
+    on an empty page makes a conversation and opens its live stream over the WebSocket; here
+    that subscribe is held on its way for a second (a slow network), and the message must not
+    be sent before it is in place, or the first part of the answer streams to nobody."""
+    gate = trio.Event()
+    held: list[str] = []
+    async with open_stack(tmp_path) as stack, open_session(browser_thread, stack.base) as s:
+        stack.openai.push(Reply(["The first part, ", "then the rest."], gate=gate))
+
+        def route(ws: WebSocketRoute) -> None:
+            server = ws.connect_to_server()
+
+            def to_server(message: str | bytes) -> None:
+                frame = json.loads(message)
+                if frame.get("type") == "subscribe" and frame.get("stream") == "live" and not held:
+                    held.append(frame["conversation_id"])
+                    # Holding the frame, not waiting for a condition: the page runs on in its
+                    # own process meanwhile (a POST sent now reaches the server at once).
+                    time.sleep(1.0)
+                server.send(message)
+
+            ws.on_message(to_server)
+
+        def start() -> Page:
+            assert s.context is not None
+            s.context.route_web_socket(re.compile(r"/agentik/ws"), route)
+            page = s.page("/")
+            wait_live(page)
+            send(page, "tell me")
+            expect(page.locator(DRAFT)).to_contain_text("The first part")
+            expect(page.locator(DRAFT)).not_to_contain_text("missed")
+            return page
+
+        page = await s.run(start)
+        assert held == [await s.run(open_conversation_id, page)]
+        gate.set()
+        await s.run(lambda: expect(page.locator(ASSISTANT)).to_have_text(
+            re.compile("The first part, then the rest.")))
 
 
 @needs_browser

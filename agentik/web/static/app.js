@@ -14,6 +14,8 @@ const $ = (id) => document.getElementById(id);
 const IMAGE_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
 /** the characters of a message's text shown before a "show all" button */
 const SHOWN_CHARS = 100_000;
+/** how long a first message waits for its new conversation's live stream (see Connection.whenLive) */
+const LIVE_WAIT_MS = 5000;
 const STATUS_TEXT = {
   connecting: "Connecting…",
   live: "Live",
@@ -805,6 +807,9 @@ $("composer").addEventListener("submit", async (event) => {
       list.items.set(record.id, list.items.get(record.id) ?? record);
       go(record.id);
       id = record.id;
+      // Bounded: with the socket down the message is still sent (its answer arrives through
+      // the conversation stream once the page is live again).
+      await connection.whenLive(id, LIVE_WAIT_MS);
     }
     const untitled = chat?.id === id && chat.records.size === 0 && !list.items.get(id)?.title;
     await api.send(id, text);

@@ -56,6 +56,8 @@ export class Connection {
     /** the last scheduled waits before a try, in ms (newest last; for people and tests) */
     this.delays = [];
     this.ready = false;
+    /** callers waiting for a conversation's live stream to be subscribed: [{id, done}] */
+    this.liveWaiters = [];
   }
 
   // --- public ------------------------------------------------------------------------------------
@@ -90,6 +92,30 @@ export class Connection {
     }
     this.chat = id ? { id, cursor: null, followed: false } : null;
     if (id && this.ready) this._followChat().catch((exc) => this._failed(exc));
+  }
+
+  /**
+   * Resolves once the live stream of conversation `id` is subscribed, at once when the socket
+   * is not open (or closes meanwhile), and after `ms` at the latest. The server sends streamed
+   * tokens only to subscribers present when they are produced, so a first message sent into a
+   * conversation opened a moment ago would otherwise stream its first tokens to nobody while
+   * the page's subscribe is still on its way.
+   */
+  whenLive(id, ms) {
+    if (!this._isOpen()) return Promise.resolve();
+    for (const sub of this.subs.values()) {
+      if (sub.kind === "live" && sub.conversationId === id && sub.acked) return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const waiter = { id, done: null };
+      const timer = setTimeout(() => waiter.done(), ms);
+      waiter.done = () => {
+        clearTimeout(timer);
+        this.liveWaiters = this.liveWaiters.filter((w) => w !== waiter);
+        resolve();
+      };
+      this.liveWaiters.push(waiter);
+    });
   }
 
   // --- connecting --------------------------------------------------------------------------------
@@ -167,6 +193,7 @@ export class Connection {
     clearTimeout(this.watchdog);
     this.subs.clear();
     if (this.chat) this.chat.followed = false;
+    for (const w of [...this.liveWaiters]) w.done();
     for (const { reject } of this.pending.values()) reject(new NetworkError("connection closed"));
     this.pending.clear();
     if (!this.stopped) this._scheduleRetry("connection lost");
@@ -402,6 +429,9 @@ export class Connection {
       if (!this._gone(exc, id)) throw exc;
       return;
     }
+    const sub = this.subs.get(subId);
+    if (sub) sub.acked = true;
+    for (const w of this.liveWaiters.filter((w) => w.id === id)) w.done();
     // Live events sent while this page was not subscribed are gone for good.
     if (this.chat?.id === id) this.h.chatLiveGap(id);
     this._dropIfStale(subId, id);
