@@ -43,7 +43,7 @@ class Keys:
                                 "exp": now + int(lifetime)}
         body.update(claims)
         body = {k: v for k, v in body.items() if v is not None}  # exp=None: no exp at all
-        key = key or {"RS256": self.rsa, "ES256": self.ec, "EdDSA": self.ed}[alg]
+        key = key or {"RS256": self.rsa, "ES256": self.ec, "EdDSA": self.ed, "Ed25519": self.ed}[alg]
         return jwt.encode({"alg": alg, "kid": key.kid}, body, key, algorithms=[alg])
 
     def hs256_with_public_key(self, sub: str = "mallory") -> str:

@@ -31,7 +31,7 @@ async def test_tokens_of_each_algorithm_are_accepted(keys: Keys, tmp_path: Path)
     v = verifier(keys.write_jwks(tmp_path / "jwks.json"))
     users = parse_users("[defaults]\ntokens_per_day = 5\n")
     with trio.fail_after(10):
-        for alg in ("RS256", "ES256", "EdDSA"):
+        for alg in ("RS256", "ES256", "EdDSA", "Ed25519"):
             p = await v.principal(keys.token("alice", alg=alg), users)
             assert (p.user, p.role, p.limits) == ("alice", "user", Limits(tokens_per_day=5))
         admin = await v.principal(keys.token("boss", role="admin"), None)
