@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -43,7 +42,15 @@ from tests.webutil import (  # noqa: F401 - fixtures are used by name
 pytestmark = pytest.mark.usefixtures("engine")
 
 try:
-    from playwright.sync_api import Browser, BrowserContext, Page, WebSocketRoute, expect
+    from playwright.sync_api import (
+        Browser,
+        BrowserContext,
+        Page,
+        Request,
+        WebSocketRoute,
+        expect,
+    )
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 except ImportError:  # pragma: no cover - the tests are skipped (tests/browser.py)
     pass
 
@@ -767,12 +774,18 @@ async def test_a_first_message_waits_for_its_live_stream_and_streams_from_its_fi
 ) -> None:
     """Streamed tokens go only to the subscribers present when they are made. A message typed
     on an empty page makes a conversation and opens its live stream over the WebSocket; here
-    that subscribe is held on its way for a second (a slow network), and the message must not
-    be sent before it is in place, or the first part of the answer streams to nobody."""
+    that subscribe is held on its way (a slow network) until the page sends the message, or for
+    a second if it does not: the message must not be sent before the subscribe is in place, or
+    the first part of the answer streams to nobody."""
     gate = trio.Event()
     held: list[str] = []
+    #: POSTs of a message seen while the live subscribe was held (the race, caught in the act)
+    sent_while_held: list[str] = []
     async with open_stack(tmp_path) as stack, open_session(browser_thread, stack.base) as s:
         stack.openai.push(Reply(["The first part, ", "then the rest."], gate=gate))
+
+        def is_send(request: Request) -> bool:
+            return request.method == "POST" and request.url.endswith("/messages")
 
         def route(ws: WebSocketRoute) -> None:
             server = ws.connect_to_server()
@@ -781,9 +794,14 @@ async def test_a_first_message_waits_for_its_live_stream_and_streams_from_its_fi
                 frame = json.loads(message)
                 if frame.get("type") == "subscribe" and frame.get("stream") == "live" and not held:
                     held.append(frame["conversation_id"])
-                    # Holding the frame, not waiting for a condition: the page runs on in its
-                    # own process meanwhile (a POST sent now reaches the server at once).
-                    time.sleep(1.0)
+                    assert s.context is not None
+                    # A sync playwright wait dispatches the page's other events meanwhile; the
+                    # page, in its own process, runs on (a POST it sends reaches the server).
+                    try:
+                        request = s.context.wait_for_event("request", is_send, timeout=1000)
+                        sent_while_held.append(request.url)
+                    except PlaywrightTimeoutError:
+                        pass  # the page waited for its subscribe, as it must
                 server.send(message)
 
             ws.on_message(to_server)
@@ -794,6 +812,7 @@ async def test_a_first_message_waits_for_its_live_stream_and_streams_from_its_fi
             page = s.page("/")
             wait_live(page)
             send(page, "tell me")
+            assert sent_while_held == []
             expect(page.locator(DRAFT)).to_contain_text("The first part")
             expect(page.locator(DRAFT)).not_to_contain_text("missed")
             return page
